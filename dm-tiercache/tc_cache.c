@@ -1,0 +1,161 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * dm-tiercache: life of the cache state.
+ *
+ * The state of a cache (index, dirty blocks, engine) belongs to the pair
+ * (mapped device, cache device), not to one table: a table reload that
+ * keeps the cache device, origin, block size and length attaches to the
+ * same state, so changing the mode or a tunable by reload keeps every
+ * cached and dirty block.  The last table to let go frees it.
+ */
+#include <linux/slab.h>
+#include <linux/log2.h>
+#include <linux/mutex.h>
+
+#include "tiercache.h"
+
+#define TC_LOCK_BUCKETS		4096
+#define TC_BIOSET_SIZE		256
+
+static LIST_HEAD(tc_registry);
+static DEFINE_MUTEX(tc_registry_lock);
+
+static void tc_cache_destroy(struct tc_cache *c)
+{
+	int dirty;
+
+	if (c->wq) {
+		tc_flush_stop(c);
+		destroy_workqueue(c->wq);
+	}
+	dirty = c->entries ? atomic_read(&c->nr_dirty) : 0;
+	if (dirty)
+		DMWARN("%s: dropping %d dirty blocks with the last table",
+		       c->name, dirty);
+	bioset_exit(&c->bs);
+	tc_locks_exit(&c->locks);
+	tc_index_exit(c);
+	kfree(c);
+}
+
+static int tc_cache_setup(struct tc_cache *c)
+{
+	int r;
+
+	r = tc_index_init(c);
+	if (r)
+		return r;
+	r = tc_locks_init(&c->locks, TC_LOCK_BUCKETS, tc_requeue, c);
+	if (r)
+		return r;
+	r = bioset_init(&c->bs, TC_BIOSET_SIZE, 0, BIOSET_NEED_BVECS);
+	if (r)
+		return r;
+	spin_lock_init(&c->defer_lock);
+	bio_list_init(&c->deferred);
+	bio_list_init(&c->discards);
+	INIT_WORK(&c->io_work, tc_io_work);
+	INIT_WORK(&c->discard_work, tc_discard_work);
+	mutex_init(&c->ctl_lock);
+	tc_flush_init(c);
+	c->wq = alloc_workqueue("tiercache-%s", WQ_MEM_RECLAIM, 0, c->name);
+	return c->wq ? 0 : -ENOMEM;
+}
+
+static struct tc_cache *tc_cache_create(struct tc_target *t,
+					struct mapped_device *md, u32 nr_slots)
+{
+	struct tc_cache *c = kzalloc(sizeof(*c), GFP_KERNEL);
+	int r;
+
+	if (!c)
+		return ERR_PTR(-ENOMEM);
+	refcount_set(&c->ref, 1);
+	c->md = md;
+	strscpy(c->name, dm_device_name(md), sizeof(c->name));
+	c->origin_bdev = t->origin->bdev;
+	c->cache_bdev = t->cache_dev->bdev;
+	c->origin_dev = t->origin->bdev->bd_dev;
+	c->cache_dev = t->cache_dev->bdev->bd_dev;
+	c->target_len = t->ti->len;
+	c->block_sectors = t->args.block_sectors;
+	c->block_shift = ilog2(c->block_sectors);
+	c->nr_blocks = t->ti->len >> c->block_shift;
+	c->nr_slots = nr_slots;
+	c->data_start = 0;
+	c->mode = t->args.mode;
+	memcpy(c->val, t->val, sizeof(c->val));
+
+	r = tc_cache_setup(c);
+	if (r) {
+		tc_cache_destroy(c);
+		return ERR_PTR(r);
+	}
+	return c;
+}
+
+/* May table @t attach to the existing state @c of its device? */
+static int tc_cache_check_reload(struct tc_cache *c, struct tc_target *t,
+				 u32 nr_slots, char **error)
+{
+	if (c->origin_dev != t->origin->bdev->bd_dev ||
+	    c->block_sectors != t->args.block_sectors ||
+	    c->target_len != t->ti->len || c->nr_slots != nr_slots) {
+		*error = "A reload must keep the origin, block size, length and cache size (remove the device to change them)";
+		DMERR("%s: %s", c->name, *error);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* The state for table @t: the device's existing one, or a new one. */
+struct tc_cache *tc_cache_get(struct tc_target *t, u32 nr_slots, char **error)
+{
+	struct mapped_device *md = dm_table_get_md(t->ti->table);
+	dev_t cdev = t->cache_dev->bdev->bd_dev;
+	struct tc_cache *c;
+	int r = 0;
+
+	mutex_lock(&tc_registry_lock);
+	list_for_each_entry(c, &tc_registry, list) {
+		if (c->md == md && c->cache_dev != cdev &&
+		    atomic_read(&c->nr_dirty)) {
+			*error = "The current cache device still holds dirty blocks: flush before changing it";
+			r = -EBUSY;
+			goto out;
+		}
+		if (c->cache_dev != cdev)
+			continue;
+		if (c->md != md) {
+			*error = "Cache device is in use by another tiercache device";
+			r = -EBUSY;
+			goto out;
+		}
+		r = tc_cache_check_reload(c, t, nr_slots, error);
+		if (!r)
+			refcount_inc(&c->ref);
+		goto out;
+	}
+	c = tc_cache_create(t, md, nr_slots);
+	if (IS_ERR(c)) {
+		*error = "Cannot allocate the cache state";
+		r = PTR_ERR(c);
+		goto out;
+	}
+	list_add(&c->list, &tc_registry);
+out:
+	mutex_unlock(&tc_registry_lock);
+	return r ? ERR_PTR(r) : c;
+}
+
+void tc_cache_put(struct tc_cache *c)
+{
+	mutex_lock(&tc_registry_lock);
+	if (!refcount_dec_and_test(&c->ref)) {
+		mutex_unlock(&tc_registry_lock);
+		return;
+	}
+	list_del(&c->list);
+	mutex_unlock(&tc_registry_lock);
+	tc_cache_destroy(c);
+}

@@ -1,0 +1,628 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * dm-tiercache: the neighbour-merging writeback engine.
+ *
+ * The engine sweeps dirty blocks in ascending origin order from a cursor.
+ * Each request starts at a dirty block and grows over origin-adjacent dirty
+ * blocks (and bridged holes, see tc_plan.c) up to max_flush_kb, wherever
+ * the blocks sit in the cache.  A request goes through three stages:
+ *
+ *   read:  its blocks are read from their slots (holes that are not cached
+ *          from the origin) into one buffer, contiguous sources in one bio;
+ *   write: the buffer goes to the origin as one bio;
+ *   clean: once the writes in flight have completed, one REQ_PREFLUSH is
+ *          sent to the origin, and then the blocks are marked clean unless
+ *          they were rewritten (their write sequence changed).
+ *
+ * Every block of a request stays locked until it is clean, so a write to it
+ * waits, and an older copy never overwrites a newer one on the origin.  At
+ * most flush_depth requests are between gather and write completion.
+ * Completions run in done_work; the engine itself only gathers and issues.
+ */
+#include <linux/slab.h>
+#include <linux/vmalloc.h>
+#include <linux/delay.h>
+
+#include "tiercache.h"
+
+enum tc_wb_stage {
+	TC_WB_READ,
+	TC_WB_WRITE,
+};
+
+struct tc_wb_blk {
+	struct tc_holder h;
+	struct tc_entry *e;		/* NULL: not cached, read the origin */
+	u64 seq;			/* write sequence taken (dirty blocks) */
+	bool dirty;
+};
+
+struct tc_wb_req {
+	struct list_head list;
+	struct tc_cache *c;
+	enum tc_wb_stage stage;
+	u64 first;
+	u32 nr;
+	u32 nr_dirty;
+	atomic_t pending;
+	blk_status_t status;
+	struct tc_buf buf;
+	struct tc_wb_blk blks[];
+};
+
+struct tc_wb_batch {
+	struct list_head list;
+	struct list_head reqs;
+	blk_status_t status;
+	struct tc_cache *c;
+};
+
+/* ---- state ---- */
+
+static void tc_flush_event(struct tc_cache *c)
+{
+	struct dm_target *ti = READ_ONCE(c->owner);
+
+	if (ti)
+		dm_table_event(ti->table);
+}
+
+static void tc_flush_latch(struct tc_cache *c, int err)
+{
+	struct tc_flush *fl = &c->fl;
+
+	if (!fl->error)
+		fl->error = err;
+	fl->pass_error = err;
+}
+
+const char *tc_flush_state(struct tc_cache *c)
+{
+	struct tc_flush *fl = &c->fl;
+
+	if (test_bit(TC_FL_FULL, &fl->bits) ||
+	    test_bit(TC_FL_FULL_REQ, &fl->bits))
+		return "flushing";
+	if (READ_ONCE(c->cleaner) && atomic_read(&c->nr_dirty))
+		return "cleaning";
+	if (test_bit(TC_FL_BACKGROUND, &fl->bits) &&
+	    !test_bit(TC_FL_PAUSED, &fl->bits))
+		return "background";
+	return "idle";
+}
+
+static bool tc_wb_wanted(struct tc_cache *c)
+{
+	struct tc_flush *fl = &c->fl;
+
+	if (test_bit(TC_FL_STOPPED, &fl->bits))
+		return false;
+	if (test_bit(TC_FL_FULL, &fl->bits))
+		return true;
+	if (test_bit(TC_FL_PAUSED, &fl->bits))
+		return false;
+	if (READ_ONCE(c->cleaner) && atomic_read(&c->nr_dirty))
+		return true;
+	return test_bit(TC_FL_BACKGROUND, &fl->bits);
+}
+
+/* ---- gathering: the tc_plan callbacks ---- */
+
+struct tc_gather {
+	struct tc_cache *c;
+	struct tc_wb_req *req;
+};
+
+static enum tc_blk_kind tc_gather_take(void *ctx, u64 b)
+{
+	struct tc_gather *g = ctx;
+	struct tc_wb_blk *blk = &g->req->blks[b - g->req->first];
+	struct tc_cache *c = g->c;
+
+	if (!tc_trylock(&c->locks, &blk->h, b))
+		return TC_BLK_BUSY;
+	blk->e = tc_lookup(c, b);
+	blk->dirty = blk->e && tc_is_dirty(c, b);
+	if (!blk->dirty)
+		return TC_BLK_HOLE;
+	blk->seq = blk->e->seq;
+	return TC_BLK_DIRTY;
+}
+
+static void tc_gather_give_back(void *ctx, u64 b)
+{
+	struct tc_gather *g = ctx;
+
+	tc_unlock(&g->c->locks, &g->req->blks[b - g->req->first].h);
+}
+
+static u64 tc_gather_next_dirty(void *ctx, u64 from, u64 to)
+{
+	struct tc_gather *g = ctx;
+	unsigned long idx = from;
+
+	if (xa_find(&g->c->index, &idx, to, TC_DIRTY))
+		return idx;
+	return TC_PLAN_NONE;
+}
+
+static const struct tc_plan_ops tc_gather_ops = {
+	.take = tc_gather_take,
+	.give_back = tc_gather_give_back,
+	.next_dirty = tc_gather_next_dirty,
+};
+
+static void tc_wb_free(struct tc_wb_req *req)
+{
+	tc_buf_free(&req->buf);
+	kvfree(req);
+}
+
+/*
+ * The next request from the cursor.  NULL at the end of a pass,
+ * ERR_PTR(-EAGAIN) when the dirty block under the cursor was busy.
+ */
+static struct tc_wb_req *tc_wb_gather(struct tc_cache *c)
+{
+	struct tc_flush *fl = &c->fl;
+	struct tc_plan_limits lim = {
+		.end = c->nr_blocks,
+		.max_blocks = (READ_ONCE(c->val[TC_KEY_MAX_FLUSH_KB]) * 2) >>
+			      c->block_shift,
+		.gap_blocks = (READ_ONCE(c->val[TC_KEY_BRIDGE_GAP_KB]) * 2) >>
+			      c->block_shift,
+	};
+	struct tc_gather g = { .c = c };
+	unsigned long idx = fl->cursor;
+	struct tc_wb_req *req;
+	enum tc_blk_kind k;
+
+	if (idx >= c->nr_blocks ||
+	    !xa_find(&c->index, &idx, c->nr_blocks - 1, TC_DIRTY))
+		return NULL;
+	fl->cursor = idx + 1;
+	req = kvzalloc(struct_size(req, blks, lim.max_blocks), GFP_NOIO);
+	if (!req) {
+		fl->pass_skipped = true;
+		return ERR_PTR(-EAGAIN);
+	}
+	req->c = c;
+	req->first = idx;
+	g.req = req;
+	k = tc_gather_take(&g, idx);
+	if (k != TC_BLK_DIRTY) {
+		if (k == TC_BLK_HOLE)
+			tc_gather_give_back(&g, idx);
+		else
+			fl->pass_skipped = true;
+		kvfree(req);
+		return ERR_PTR(-EAGAIN);
+	}
+	req->nr = tc_plan_extend(&tc_gather_ops, &g, idx, &lim);
+	fl->cursor = idx + req->nr;
+	return req;
+}
+
+/* ---- completion plumbing ---- */
+
+static void tc_wb_completed(struct tc_wb_req *req)
+{
+	struct tc_cache *c = req->c;
+	unsigned long flags;
+
+	spin_lock_irqsave(&c->fl.lock, flags);
+	list_add_tail(&req->list, &c->fl.completed);
+	spin_unlock_irqrestore(&c->fl.lock, flags);
+	queue_work(c->wq, &c->fl.done_work);
+}
+
+static void tc_wb_put(struct tc_wb_req *req)
+{
+	if (atomic_dec_and_test(&req->pending))
+		tc_wb_completed(req);
+}
+
+static void tc_wb_endio(struct bio *bio)
+{
+	struct tc_wb_req *req = bio->bi_private;
+
+	if (bio->bi_status)
+		req->status = bio->bi_status;
+	bio_put(bio);
+	tc_wb_put(req);
+}
+
+/* Submit [off, off + len) of the buffer as one or more bios. */
+static void tc_wb_submit(struct tc_wb_req *req, size_t off, size_t len,
+			 struct block_device *bdev, sector_t sector,
+			 blk_opf_t opf)
+{
+	struct tc_cache *c = req->c;
+
+	while (len) {
+		size_t part = len;
+		struct bio *bio = tc_buf_bio(c, &req->buf, off, &part, bdev,
+					     sector, opf);
+
+		bio->bi_private = req;
+		bio->bi_end_io = tc_wb_endio;
+		atomic_inc(&req->pending);
+		if (op_is_write(opf))
+			atomic64_inc(&c->stats.wb_requests);
+		submit_bio(bio);
+		off += part;
+		len -= part;
+		sector += part >> SECTOR_SHIFT;
+	}
+}
+
+/* ---- stage 1: read the blocks into the buffer ---- */
+
+static struct block_device *tc_wb_src(struct tc_cache *c, struct tc_wb_req *req,
+				      u32 i, sector_t *sector)
+{
+	struct tc_wb_blk *blk = &req->blks[i];
+
+	if (blk->e) {
+		*sector = tc_slot_sector(c, tc_slot_of(c, blk->e));
+		return c->cache_bdev;
+	}
+	*sector = (req->first + i) << c->block_shift;
+	return c->origin_bdev;
+}
+
+static void tc_wb_read(struct tc_cache *c, struct tc_wb_req *req)
+{
+	size_t bb = tc_block_bytes(c);
+	u32 i = 0;
+
+	req->stage = TC_WB_READ;
+	atomic_set(&req->pending, 1);
+	if (tc_buf_alloc(&req->buf, (size_t)req->nr * bb)) {
+		req->status = BLK_STS_RESOURCE;
+		goto out;
+	}
+	while (i < req->nr) {
+		sector_t start, s;
+		struct block_device *bdev = tc_wb_src(c, req, i, &start);
+		u32 j = i + 1;
+
+		/* one bio for sources that are contiguous on one device */
+		while (j < req->nr && tc_wb_src(c, req, j, &s) == bdev &&
+		       s == start + (sector_t)(j - i) * c->block_sectors)
+			j++;
+		tc_wb_submit(req, i * bb, (j - i) * bb, bdev, start,
+			     REQ_OP_READ);
+		i = j;
+	}
+out:
+	tc_wb_put(req);
+}
+
+/* ---- stage 2: one write to the origin ---- */
+
+static void tc_wb_write(struct tc_cache *c, struct tc_wb_req *req)
+{
+	size_t bytes = (size_t)req->nr * tc_block_bytes(c);
+
+	req->stage = TC_WB_WRITE;
+	atomic_set(&req->pending, 1);
+	atomic64_add(bytes >> SECTOR_SHIFT, &c->stats.wb_sectors);
+	atomic64_add(req->nr_dirty, &c->stats.wb_blocks);
+	atomic64_add(req->nr - req->nr_dirty, &c->stats.bridged_blocks);
+	tc_wb_submit(req, 0, bytes, c->origin_bdev,
+		     req->first << c->block_shift, REQ_OP_WRITE);
+	tc_wb_put(req);
+}
+
+/* ---- stage 3: origin flush, then clean ---- */
+
+static void tc_wb_release(struct tc_cache *c, struct tc_wb_req *req,
+			  bool written)
+{
+	struct tc_flush *fl = &c->fl;
+	u32 i;
+
+	for (i = 0; i < req->nr; i++) {
+		struct tc_wb_blk *blk = &req->blks[i];
+
+		if (written && blk->dirty)
+			tc_mark_clean(c, blk->e, req->first + i, blk->seq);
+		tc_unlock(&c->locks, &blk->h);
+	}
+	tc_wb_free(req);
+	if (atomic_dec_and_test(&fl->outstanding))
+		wake_up_all(&fl->wait);
+}
+
+static void tc_wb_flush_endio(struct bio *bio)
+{
+	struct tc_wb_batch *batch = bio->bi_private;
+	struct tc_cache *c = batch->c;
+	unsigned long flags;
+
+	batch->status = bio->bi_status;
+	bio_put(bio);
+	spin_lock_irqsave(&c->fl.lock, flags);
+	list_add_tail(&batch->list, &c->fl.flushed);
+	spin_unlock_irqrestore(&c->fl.lock, flags);
+	queue_work(c->wq, &c->fl.done_work);
+}
+
+/* The requests written so far become durable with one origin flush. */
+static void tc_wb_send_flush(struct tc_cache *c)
+{
+	struct tc_flush *fl = &c->fl;
+	struct tc_wb_batch *batch;
+	struct bio *bio;
+
+	batch = kmalloc(sizeof(*batch), GFP_NOIO | __GFP_NOFAIL);
+	batch->c = c;
+	INIT_LIST_HEAD(&batch->reqs);
+	list_splice_init(&fl->done, &batch->reqs);
+	fl->nr_done = 0;
+	bio = bio_alloc_bioset(c->origin_bdev, 0, REQ_OP_WRITE | REQ_PREFLUSH,
+			       GFP_NOIO, &c->bs);
+	bio->bi_private = batch;
+	bio->bi_end_io = tc_wb_flush_endio;
+	submit_bio(bio);
+}
+
+static void tc_wb_batch_done(struct tc_cache *c, struct tc_wb_batch *batch)
+{
+	struct tc_wb_req *req, *tmp;
+
+	if (batch->status)
+		tc_flush_latch(c, blk_status_to_errno(batch->status));
+	list_for_each_entry_safe(req, tmp, &batch->reqs, list) {
+		list_del(&req->list);
+		tc_wb_release(c, req, !batch->status);
+	}
+	kfree(batch);
+}
+
+static void tc_wb_write_done(struct tc_cache *c, struct tc_wb_req *req)
+{
+	struct tc_flush *fl = &c->fl;
+
+	tc_buf_free(&req->buf);
+	atomic_dec(&fl->inflight);
+	if (req->status) {
+		tc_flush_latch(c, blk_status_to_errno(req->status));
+		tc_wb_release(c, req, false);
+	} else {
+		list_add_tail(&req->list, &fl->done);
+		fl->nr_done++;
+	}
+	if (fl->nr_done &&
+	    (!atomic_read(&fl->inflight) ||
+	     fl->nr_done >= READ_ONCE(c->val[TC_KEY_FLUSH_DEPTH])))
+		tc_wb_send_flush(c);
+	queue_work(c->wq, &fl->work);
+}
+
+static void tc_wb_stage_done(struct tc_cache *c, struct tc_wb_req *req)
+{
+	if (req->stage == TC_WB_WRITE) {
+		tc_wb_write_done(c, req);
+		return;
+	}
+	if (!req->status) {
+		tc_wb_write(c, req);
+		return;
+	}
+	/* a read failed: nothing was written, the blocks stay dirty */
+	atomic_dec(&c->fl.inflight);
+	if (req->status != BLK_STS_RESOURCE)
+		tc_flush_latch(c, blk_status_to_errno(req->status));
+	else
+		c->fl.pass_skipped = true;
+	tc_wb_release(c, req, false);
+	queue_work(c->wq, &c->fl.work);
+}
+
+static void tc_wb_done_work(struct work_struct *w)
+{
+	struct tc_cache *c = container_of(w, struct tc_cache, fl.done_work);
+	struct tc_flush *fl = &c->fl;
+	struct tc_wb_batch *batch, *btmp;
+	struct tc_wb_req *req, *rtmp;
+	LIST_HEAD(reqs);
+	LIST_HEAD(batches);
+
+	spin_lock_irq(&fl->lock);
+	list_splice_init(&fl->completed, &reqs);
+	list_splice_init(&fl->flushed, &batches);
+	spin_unlock_irq(&fl->lock);
+
+	list_for_each_entry_safe(req, rtmp, &reqs, list) {
+		list_del(&req->list);
+		tc_wb_stage_done(c, req);
+		cond_resched();
+	}
+	list_for_each_entry_safe(batch, btmp, &batches, list) {
+		list_del(&batch->list);
+		tc_wb_batch_done(c, batch);
+		cond_resched();
+	}
+}
+
+/* ---- the engine ---- */
+
+static void tc_wb_start(struct tc_cache *c, struct tc_wb_req *req)
+{
+	struct tc_flush *fl = &c->fl;
+	int n;
+	u32 i;
+
+	for (i = 0; i < req->nr; i++)
+		req->nr_dirty += req->blks[i].dirty;
+	atomic_inc(&fl->outstanding);
+	n = atomic_inc_return(&fl->inflight);
+	if (n > atomic_read(&c->stats.inflight_max))
+		atomic_set(&c->stats.inflight_max, n);
+	fl->pass_issued = true;
+	tc_wb_read(c, req);
+}
+
+static void tc_wb_begin_full(struct tc_cache *c)
+{
+	struct tc_flush *fl = &c->fl;
+
+	set_bit(TC_FL_FULL, &fl->bits);
+	clear_bit(TC_FL_PAUSED, &fl->bits);
+	fl->error = 0;
+	fl->cursor = 0;
+	fl->pass_skipped = false;
+	fl->pass_error = 0;
+	fl->pass_issued = false;
+}
+
+static void tc_wb_end_full(struct tc_cache *c, bool ok)
+{
+	struct tc_flush *fl = &c->fl;
+
+	if (ok)
+		fl->flushes++;
+	else
+		set_bit(TC_FL_PAUSED, &fl->bits);
+	clear_bit(TC_FL_FULL, &fl->bits);
+	wake_up_all(&fl->wait);
+	tc_flush_event(c);
+}
+
+/*
+ * The cursor reached the end: wait for the pass's requests to be clean,
+ * then decide whether another pass is wanted.
+ */
+static bool tc_wb_end_pass(struct tc_cache *c)
+{
+	struct tc_flush *fl = &c->fl;
+	bool skipped, issued;
+	int err;
+
+	wait_event(fl->wait, !atomic_read(&fl->outstanding));
+	skipped = fl->pass_skipped;
+	issued = fl->pass_issued;
+	err = fl->pass_error;
+	fl->cursor = 0;
+	fl->pass_skipped = false;
+	fl->pass_issued = false;
+	fl->pass_error = 0;
+
+	if (test_bit(TC_FL_FULL, &fl->bits)) {
+		if (err || !skipped)
+			tc_wb_end_full(c, !err);
+	} else if (err) {
+		set_bit(TC_FL_PAUSED, &fl->bits);
+	}
+	if (test_bit(TC_FL_BACKGROUND, &fl->bits) &&
+	    (u64)atomic_read(&c->nr_dirty) * 100 <=
+	    (u64)READ_ONCE(c->val[TC_KEY_LOW_WATERMARK]) * c->nr_slots)
+		clear_bit(TC_FL_BACKGROUND, &fl->bits);
+	/* everything left was busy: let its holders move on */
+	if (skipped && !issued)
+		schedule_timeout_uninterruptible(1);
+	return tc_wb_wanted(c);
+}
+
+static void tc_flush_work(struct work_struct *w)
+{
+	struct tc_cache *c = container_of(w, struct tc_cache, fl.work);
+	struct tc_flush *fl = &c->fl;
+	struct tc_wb_req *req;
+
+	for (;;) {
+		if (test_bit(TC_FL_STOPPED, &fl->bits))
+			return;
+		if (test_and_clear_bit(TC_FL_FULL_REQ, &fl->bits))
+			tc_wb_begin_full(c);
+		if (!tc_wb_wanted(c))
+			return;
+		if (atomic_read(&fl->inflight) >=
+		    READ_ONCE(c->val[TC_KEY_FLUSH_DEPTH]))
+			return;		/* a write completion requeues us */
+		req = tc_wb_gather(c);
+		if (IS_ERR(req))
+			continue;
+		if (!req) {
+			if (!tc_wb_end_pass(c))
+				return;
+			continue;
+		}
+		tc_wb_start(c, req);
+		cond_resched();
+	}
+}
+
+/* ---- control ---- */
+
+void tc_flush_init(struct tc_cache *c)
+{
+	struct tc_flush *fl = &c->fl;
+
+	INIT_WORK(&fl->work, tc_flush_work);
+	INIT_WORK(&fl->done_work, tc_wb_done_work);
+	spin_lock_init(&fl->lock);
+	INIT_LIST_HEAD(&fl->completed);
+	INIT_LIST_HEAD(&fl->flushed);
+	INIT_LIST_HEAD(&fl->done);
+	atomic_set(&fl->inflight, 0);
+	atomic_set(&fl->outstanding, 0);
+	init_waitqueue_head(&fl->wait);
+	fl->bits = BIT(TC_FL_STOPPED);
+}
+
+void tc_flush_kick(struct tc_cache *c)
+{
+	queue_work(c->wq, &c->fl.work);
+}
+
+/* A full flush: returns at once; its end raises a dm event. */
+void tc_flush_start_full(struct tc_cache *c)
+{
+	set_bit(TC_FL_FULL_REQ, &c->fl.bits);
+	tc_flush_kick(c);
+}
+
+/* Called after a write dirtied a block: start writeback at high_watermark. */
+void tc_flush_check_watermark(struct tc_cache *c)
+{
+	struct tc_flush *fl = &c->fl;
+
+	if (test_bit(TC_FL_BACKGROUND, &fl->bits))
+		return;
+	if ((u64)atomic_read(&c->nr_dirty) * 100 <
+	    (u64)READ_ONCE(c->val[TC_KEY_HIGH_WATERMARK]) * c->nr_slots)
+		return;
+	if (!test_and_set_bit(TC_FL_BACKGROUND, &fl->bits))
+		tc_flush_kick(c);
+}
+
+/* Quiesce: issue nothing more and wait for every request to be released. */
+void tc_flush_stop(struct tc_cache *c)
+{
+	struct tc_flush *fl = &c->fl;
+
+	set_bit(TC_FL_STOPPED, &fl->bits);
+	cancel_work_sync(&fl->work);
+	wait_event(fl->wait, !atomic_read(&fl->outstanding));
+	flush_work(&fl->done_work);
+}
+
+void tc_flush_resume(struct tc_cache *c)
+{
+	clear_bit(TC_FL_STOPPED, &c->fl.bits);
+	tc_flush_kick(c);
+}
+
+/* A full flush, waited for.  Returns 0 or the error that ended it. */
+int tc_flush_sync(struct tc_cache *c)
+{
+	struct tc_flush *fl = &c->fl;
+
+	tc_flush_start_full(c);
+	wait_event(fl->wait, !test_bit(TC_FL_FULL_REQ, &fl->bits) &&
+			     !test_bit(TC_FL_FULL, &fl->bits));
+	return fl->error;
+}

@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * dm-tiercache: cache slots and the index from origin block to slot.
+ *
+ * The index is an xarray keyed by origin block whose values point into the
+ * per-slot entry array; the TC_DIRTY mark makes it walk dirty blocks in
+ * ascending origin order.  Lookups are lockless (RCU inside the xarray).
+ * Changes to the entry of a block are made by the holder of that block's
+ * lock (tc_lock.c), so an entry a holder looks up cannot change under it.
+ *
+ * Free slots are a stack; when it is empty a CLOCK hand reclaims a clean
+ * slot that has not been referenced since its last pass.  Dirty slots and
+ * slots whose block is locked are never reclaimed.
+ */
+#include <linux/slab.h>
+#include <linux/vmalloc.h>
+
+#include "tiercache.h"
+
+/* How far one allocation may sweep before the write goes around. */
+#define TC_CLOCK_MAX_STEPS	1024
+
+int tc_index_init(struct tc_cache *c)
+{
+	u32 i;
+
+	xa_init(&c->index);
+	c->entries = vcalloc(c->nr_slots, sizeof(*c->entries));
+	c->free_stack = vmalloc_array(c->nr_slots, sizeof(*c->free_stack));
+	if (!c->entries || !c->free_stack) {
+		tc_index_exit(c);
+		return -ENOMEM;
+	}
+	/* pop order: slot 0 first */
+	for (i = 0; i < c->nr_slots; i++)
+		c->free_stack[i] = c->nr_slots - 1 - i;
+	c->nr_free = c->nr_slots;
+	c->clock_hand = 0;
+	spin_lock_init(&c->alloc_lock);
+	atomic_set(&c->nr_dirty, 0);
+	atomic64_set(&c->write_seq, 0);
+	return 0;
+}
+
+void tc_index_exit(struct tc_cache *c)
+{
+	xa_destroy(&c->index);
+	vfree(c->free_stack);
+	vfree(c->entries);
+	c->free_stack = NULL;
+	c->entries = NULL;
+}
+
+struct tc_entry *tc_lookup(struct tc_cache *c, u64 block)
+{
+	return xa_load(&c->index, block);
+}
+
+bool tc_is_dirty(struct tc_cache *c, u64 block)
+{
+	return xa_get_mark(&c->index, block, TC_DIRTY);
+}
+
+u32 tc_slot_of(struct tc_cache *c, struct tc_entry *e)
+{
+	return e - c->entries;
+}
+
+u32 tc_nr_used(struct tc_cache *c)
+{
+	return c->nr_slots - READ_ONCE(c->nr_free);
+}
+
+/*
+ * Reclaim the clean slot under the CLOCK hand, if it is not referenced and
+ * its block can be locked.  Called with alloc_lock held.
+ */
+static bool tc_clock_try(struct tc_cache *c, struct tc_entry *e)
+{
+	struct tc_holder h;
+
+	if (!test_bit(TC_E_VALID, &e->flags))
+		return false;
+	if (test_and_clear_bit(TC_E_REF, &e->flags))
+		return false;
+	if (!tc_trylock(&c->locks, &h, READ_ONCE(e->block)))
+		return false;
+	/* under the block lock the entry is stable: is it still this one? */
+	if (tc_lookup(c, h.block) != e || tc_is_dirty(c, h.block)) {
+		tc_unlock(&c->locks, &h);
+		return false;
+	}
+	xa_erase(&c->index, h.block);
+	clear_bit(TC_E_VALID, &e->flags);
+	tc_unlock(&c->locks, &h);
+	return true;
+}
+
+static int tc_clock_reclaim(struct tc_cache *c, u32 *slot)
+{
+	unsigned int steps;
+
+	if (atomic_read(&c->nr_dirty) >= c->nr_slots)
+		return -ENOSPC;
+	for (steps = 0; steps < TC_CLOCK_MAX_STEPS; steps++) {
+		u32 hand = c->clock_hand;
+
+		c->clock_hand = hand + 1 < c->nr_slots ? hand + 1 : 0;
+		if (tc_clock_try(c, &c->entries[hand])) {
+			*slot = hand;
+			return 0;
+		}
+	}
+	return -ENOSPC;
+}
+
+/* A slot to fill: a free one, else a reclaimed clean one. */
+int tc_alloc_slot(struct tc_cache *c, u32 *slot)
+{
+	int r = 0;
+
+	spin_lock(&c->alloc_lock);
+	if (c->nr_free)
+		*slot = c->free_stack[--c->nr_free];
+	else
+		r = tc_clock_reclaim(c, slot);
+	spin_unlock(&c->alloc_lock);
+	return r;
+}
+
+void tc_free_slot(struct tc_cache *c, u32 slot)
+{
+	spin_lock(&c->alloc_lock);
+	c->free_stack[c->nr_free++] = slot;
+	spin_unlock(&c->alloc_lock);
+}
+
+/* Index @block in @slot.  The caller holds the block lock. */
+int tc_insert(struct tc_cache *c, u32 slot, u64 block, bool dirty, gfp_t gfp)
+{
+	struct tc_entry *e = &c->entries[slot];
+	int r;
+
+	e->block = block;
+	e->seq = atomic64_inc_return(&c->write_seq);
+	e->flags = 0;
+	set_bit(TC_E_VALID, &e->flags);
+	r = xa_err(xa_store(&c->index, block, e, gfp));
+	if (r) {
+		clear_bit(TC_E_VALID, &e->flags);
+		return r;
+	}
+	if (dirty) {
+		xa_set_mark(&c->index, block, TC_DIRTY);
+		atomic_inc(&c->nr_dirty);
+	}
+	return 0;
+}
+
+/* Drop a cached block, dirty or not, and free its slot. */
+void tc_remove(struct tc_cache *c, struct tc_entry *e)
+{
+	if (xa_get_mark(&c->index, e->block, TC_DIRTY))
+		atomic_dec(&c->nr_dirty);
+	xa_erase(&c->index, e->block);
+	clear_bit(TC_E_VALID, &e->flags);
+	tc_free_slot(c, tc_slot_of(c, e));
+}
+
+/* The block was written in the cache: newer than the origin. */
+void tc_mark_dirty(struct tc_cache *c, struct tc_entry *e)
+{
+	e->seq = atomic64_inc_return(&c->write_seq);
+	if (!xa_get_mark(&c->index, e->block, TC_DIRTY)) {
+		xa_set_mark(&c->index, e->block, TC_DIRTY);
+		atomic_inc(&c->nr_dirty);
+	}
+}
+
+/*
+ * The origin now holds the data of write sequence @seq of @block.  Mark the
+ * entry clean unless it was dropped, reused or rewritten meanwhile.
+ */
+bool tc_mark_clean(struct tc_cache *c, struct tc_entry *e, u64 block, u64 seq)
+{
+	if (!test_bit(TC_E_VALID, &e->flags) || e->block != block ||
+	    e->seq != seq)
+		return false;
+	if (!xa_get_mark(&c->index, block, TC_DIRTY))
+		return false;
+	xa_clear_mark(&c->index, block, TC_DIRTY);
+	atomic_dec(&c->nr_dirty);
+	return true;
+}

@@ -1,0 +1,416 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * dm-tiercache: bio dispatch.
+ *
+ * Device-mapper splits every bio at block boundaries (max_io_len), so a
+ * read or write touches one block.  It takes that block's lock, then the
+ * read or write helper decides where it goes and returns an action the
+ * dispatcher carries out.  Bios that need more than a remap (writes to
+ * both devices, promotions) continue in process context in tc_io_work(),
+ * still holding the lock; the lock is dropped in tc_end_io().
+ */
+#include "tiercache.h"
+
+enum tc_action {
+	TC_TO_CACHE,
+	TC_TO_ORIGIN,
+	TC_CONTINUE,		/* stage set: finish in tc_io_work() */
+};
+
+static bool tc_whole_block(struct tc_cache *c, struct bio *bio)
+{
+	return !(bio->bi_iter.bi_sector & (c->block_sectors - 1)) &&
+	       bio_sectors(bio) == c->block_sectors;
+}
+
+static sector_t tc_cache_sector(struct tc_cache *c, u32 slot, sector_t sector)
+{
+	return tc_slot_sector(c, slot) + (sector & (c->block_sectors - 1));
+}
+
+static void tc_remap_cache(struct tc_cache *c, struct bio *bio, u32 slot)
+{
+	bio_set_dev(bio, c->cache_bdev);
+	bio->bi_iter.bi_sector = tc_cache_sector(c, slot,
+						 bio->bi_iter.bi_sector);
+}
+
+void tc_queue_io(struct tc_cache *c, struct bio *bio)
+{
+	unsigned long flags;
+
+	spin_lock_irqsave(&c->defer_lock, flags);
+	bio_list_add(&c->deferred, bio);
+	spin_unlock_irqrestore(&c->defer_lock, flags);
+	queue_work(c->wq, &c->io_work);
+}
+
+/* Lock-table callback: bios whose bucket was released try again. */
+void tc_requeue(void *ctx, struct bio_list *bios)
+{
+	struct tc_cache *c = ctx;
+	unsigned long flags;
+
+	spin_lock_irqsave(&c->defer_lock, flags);
+	bio_list_merge(&c->deferred, bios);
+	spin_unlock_irqrestore(&c->defer_lock, flags);
+	queue_work(c->wq, &c->io_work);
+}
+
+static enum tc_action tc_read(struct tc_cache *c, struct bio *bio,
+			      struct tc_bio *pb, u64 block)
+{
+	struct tc_entry *e = tc_lookup(c, block);
+
+	if (c->mode == TC_MODE_PASSTHROUGH) {
+		atomic64_inc(&c->stats.read_misses);
+		return TC_TO_ORIGIN;
+	}
+	if (e) {
+		atomic64_inc(&c->stats.read_hits);
+		set_bit(TC_E_REF, &e->flags);
+		pb->slot = tc_slot_of(c, e);
+		return TC_TO_CACHE;
+	}
+	atomic64_inc(&c->stats.read_misses);
+	if (tc_whole_block(c, bio) && !tc_alloc_slot(c, &pb->slot)) {
+		pb->stage = TC_ST_PROMOTE;
+		return TC_CONTINUE;
+	}
+	return TC_TO_ORIGIN;
+}
+
+static bool tc_writes_dirty(struct tc_cache *c)
+{
+	return c->mode == TC_MODE_WRITEBACK && !READ_ONCE(c->cleaner);
+}
+
+/* A full-block write miss in writeback mode: give it a fresh dirty slot. */
+static bool tc_write_allocate(struct tc_cache *c, struct tc_bio *pb, u64 block)
+{
+	if (tc_alloc_slot(c, &pb->slot))
+		return false;
+	if (tc_insert(c, pb->slot, block, true, GFP_NOWAIT)) {
+		tc_free_slot(c, pb->slot);
+		return false;
+	}
+	return true;
+}
+
+static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
+			       struct tc_bio *pb, u64 block)
+{
+	struct tc_entry *e = tc_lookup(c, block);
+
+	if (c->mode == TC_MODE_PASSTHROUGH) {
+		if (e)
+			tc_remove(c, e);
+		atomic64_inc(&c->stats.write_bypass);
+		return TC_TO_ORIGIN;
+	}
+	if (e) {
+		atomic64_inc(&c->stats.write_hits);
+		set_bit(TC_E_REF, &e->flags);
+		pb->slot = tc_slot_of(c, e);
+		if (!tc_writes_dirty(c)) {
+			pb->stage = TC_ST_BOTH;
+			return TC_CONTINUE;
+		}
+		tc_mark_dirty(c, e);
+		tc_flush_check_watermark(c);
+		return TC_TO_CACHE;
+	}
+	atomic64_inc(&c->stats.write_misses);
+	if (!tc_writes_dirty(c))
+		return TC_TO_ORIGIN;
+	if (tc_whole_block(c, bio) && tc_write_allocate(c, pb, block)) {
+		tc_flush_check_watermark(c);
+		return TC_TO_CACHE;
+	}
+	atomic64_inc(&c->stats.write_bypass);
+	return TC_TO_ORIGIN;
+}
+
+/* Lock the bio's block and send it on.  Returns a DM_MAPIO_* value. */
+static int tc_map_rw(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
+{
+	u64 block = bio->bi_iter.bi_sector >> c->block_shift;
+	enum tc_action act;
+
+	if (block >= c->nr_blocks) {
+		/* the tail past the last whole block is never cached */
+		bio_set_dev(bio, c->origin_bdev);
+		return DM_MAPIO_REMAPPED;
+	}
+	if (!tc_lock_or_defer(&c->locks, &pb->holder, block, bio))
+		return DM_MAPIO_SUBMITTED;
+	pb->locked = true;
+
+	if (bio_data_dir(bio) == READ)
+		act = tc_read(c, bio, pb, block);
+	else
+		act = tc_write(c, bio, pb, block);
+
+	switch (act) {
+	case TC_TO_CACHE:
+		tc_remap_cache(c, bio, pb->slot);
+		return DM_MAPIO_REMAPPED;
+	case TC_TO_ORIGIN:
+		bio_set_dev(bio, c->origin_bdev);
+		return DM_MAPIO_REMAPPED;
+	case TC_CONTINUE:
+		tc_queue_io(c, bio);
+		return DM_MAPIO_SUBMITTED;
+	}
+	return DM_MAPIO_KILL;
+}
+
+/* Empty flushes: bio 0 goes to the cache, bio 1 to the origin. */
+static int tc_map_flush(struct tc_cache *c, struct bio *bio)
+{
+	if (dm_bio_get_target_bio_nr(bio) == 0)
+		bio_set_dev(bio, c->cache_bdev);
+	else
+		bio_set_dev(bio, c->origin_bdev);
+	return DM_MAPIO_REMAPPED;
+}
+
+static void tc_queue_discard(struct tc_cache *c, struct bio *bio)
+{
+	unsigned long flags;
+
+	spin_lock_irqsave(&c->defer_lock, flags);
+	bio_list_add(&c->discards, bio);
+	spin_unlock_irqrestore(&c->defer_lock, flags);
+	queue_work(c->wq, &c->discard_work);
+}
+
+int tc_map(struct dm_target *ti, struct bio *bio)
+{
+	struct tc_target *t = ti->private;
+	struct tc_cache *c = t->c;
+	struct tc_bio *pb = dm_per_bio_data(bio, sizeof(struct tc_bio));
+
+	pb->c = c;
+	pb->locked = false;
+	pb->stage = TC_ST_NEW;
+	pb->status = BLK_STS_OK;
+	pb->cache_status = BLK_STS_OK;
+
+	if (bio->bi_opf & REQ_PREFLUSH)
+		return tc_map_flush(c, bio);
+
+	bio->bi_iter.bi_sector = dm_target_offset(ti, bio->bi_iter.bi_sector);
+	if (bio_op(bio) == REQ_OP_DISCARD) {
+		tc_queue_discard(c, bio);
+		return DM_MAPIO_SUBMITTED;
+	}
+	return tc_map_rw(c, bio, pb);
+}
+
+int tc_end_io(struct dm_target *ti, struct bio *bio, blk_status_t *error)
+{
+	struct tc_bio *pb = dm_per_bio_data(bio, sizeof(struct tc_bio));
+
+	if (pb->locked) {
+		pb->locked = false;
+		tc_unlock(&pb->c->locks, &pb->holder);
+	}
+	return DM_ENDIO_DONE;
+}
+
+/* ---- bios continued in process context ---- */
+
+static void tc_clone_ended(struct bio *clone, bool to_cache)
+{
+	struct tc_bio *pb = clone->bi_private;
+
+	if (clone->bi_status) {
+		if (to_cache)
+			pb->cache_status = clone->bi_status;
+		else
+			pb->status = clone->bi_status;
+	}
+	bio_put(clone);
+	if (!atomic_dec_and_test(&pb->pending))
+		return;
+	switch (pb->stage) {
+	case TC_ST_BOTH:
+		pb->stage = TC_ST_BOTH_DONE;
+		break;
+	case TC_ST_PROMOTE:
+		pb->stage = pb->status ? TC_ST_PROMOTE_DONE :
+					 TC_ST_PROMOTE_WRITE;
+		break;
+	default:
+		pb->stage = TC_ST_PROMOTE_DONE;
+		break;
+	}
+	tc_queue_io(pb->c, tc_bio_of(pb));
+}
+
+static void tc_cache_clone_endio(struct bio *clone)
+{
+	tc_clone_ended(clone, true);
+}
+
+static void tc_origin_clone_endio(struct bio *clone)
+{
+	tc_clone_ended(clone, false);
+}
+
+/* A clone of @bio over the same pages, to @bdev at @sector. */
+static void tc_submit_clone(struct tc_cache *c, struct bio *bio,
+			    struct block_device *bdev, sector_t sector,
+			    blk_opf_t opf)
+{
+	struct bio *clone = bio_alloc_clone(bdev, bio, GFP_NOIO, &c->bs);
+
+	clone->bi_opf = opf;
+	clone->bi_iter.bi_sector = sector;
+	clone->bi_private = dm_per_bio_data(bio, sizeof(struct tc_bio));
+	clone->bi_end_io = bdev == c->cache_bdev ? tc_cache_clone_endio :
+						   tc_origin_clone_endio;
+	submit_bio_noacct(clone);
+}
+
+/* Writethrough (or cleaner) write hit: the origin and the cached copy. */
+static void tc_issue_both(struct tc_cache *c, struct bio *bio,
+			  struct tc_bio *pb)
+{
+	sector_t sector = bio->bi_iter.bi_sector;
+
+	atomic_set(&pb->pending, 2);
+	tc_submit_clone(c, bio, c->origin_bdev, sector, bio->bi_opf);
+	tc_submit_clone(c, bio, c->cache_bdev,
+			tc_cache_sector(c, pb->slot, sector), bio->bi_opf);
+}
+
+static void tc_both_done(struct tc_cache *c, struct bio *bio,
+			 struct tc_bio *pb)
+{
+	u64 block = bio->bi_iter.bi_sector >> c->block_shift;
+	struct tc_entry *e = tc_lookup(c, block);
+
+	if (pb->cache_status && e) {
+		if (tc_is_dirty(c, block)) {
+			/* the only newer copy is damaged: say so */
+			pb->status = pb->cache_status;
+		} else {
+			tc_remove(c, e);
+		}
+	}
+	bio->bi_status = pb->status;
+	bio_endio(bio);
+}
+
+static void tc_promote_done(struct tc_cache *c, struct bio *bio,
+			    struct tc_bio *pb)
+{
+	u64 block = bio->bi_iter.bi_sector >> c->block_shift;
+
+	if (pb->status || pb->cache_status ||
+	    tc_insert(c, pb->slot, block, false, GFP_NOIO))
+		tc_free_slot(c, pb->slot);
+	bio->bi_status = pb->status;
+	bio_endio(bio);
+}
+
+static void tc_process(struct tc_cache *c, struct bio *bio)
+{
+	struct tc_bio *pb = dm_per_bio_data(bio, sizeof(struct tc_bio));
+
+	switch (pb->stage) {
+	case TC_ST_NEW:
+		switch (tc_map_rw(c, bio, pb)) {
+		case DM_MAPIO_REMAPPED:
+			dm_submit_bio_remap(bio, NULL);
+			break;
+		case DM_MAPIO_KILL:
+			bio_io_error(bio);
+			break;
+		}
+		break;
+	case TC_ST_BOTH:
+		tc_issue_both(c, bio, pb);
+		break;
+	case TC_ST_BOTH_DONE:
+		tc_both_done(c, bio, pb);
+		break;
+	case TC_ST_PROMOTE:
+		atomic_set(&pb->pending, 1);
+		tc_submit_clone(c, bio, c->origin_bdev, bio->bi_iter.bi_sector,
+				REQ_OP_READ);
+		break;
+	case TC_ST_PROMOTE_WRITE:
+		atomic_set(&pb->pending, 1);
+		tc_submit_clone(c, bio, c->cache_bdev,
+				tc_slot_sector(c, pb->slot), REQ_OP_WRITE);
+		break;
+	case TC_ST_PROMOTE_DONE:
+		tc_promote_done(c, bio, pb);
+		break;
+	}
+}
+
+void tc_io_work(struct work_struct *w)
+{
+	struct tc_cache *c = container_of(w, struct tc_cache, io_work);
+	struct bio_list bios;
+	struct bio *bio;
+
+	spin_lock_irq(&c->defer_lock);
+	bios = c->deferred;
+	bio_list_init(&c->deferred);
+	spin_unlock_irq(&c->defer_lock);
+
+	while ((bio = bio_list_pop(&bios))) {
+		tc_process(c, bio);
+		cond_resched();
+	}
+}
+
+/* Drop every cached copy wholly inside the discard, then pass it down. */
+static void tc_discard(struct tc_cache *c, struct bio *bio)
+{
+	sector_t start = bio->bi_iter.bi_sector;
+	u64 first = (start + c->block_sectors - 1) >> c->block_shift;
+	u64 end = min_t(u64, bio_end_sector(bio) >> c->block_shift,
+			c->nr_blocks);
+	struct tc_entry *e;
+	unsigned long idx;
+
+	if (first < end) {
+		xa_for_each_range(&c->index, idx, e, first, end - 1) {
+			struct tc_holder h;
+
+			tc_lock_wait(&c->locks, &h, idx);
+			e = tc_lookup(c, idx);
+			if (e)
+				tc_remove(c, e);
+			tc_unlock(&c->locks, &h);
+			cond_resched();
+		}
+	}
+	if (bdev_max_discard_sectors(c->origin_bdev)) {
+		bio_set_dev(bio, c->origin_bdev);
+		dm_submit_bio_remap(bio, NULL);
+	} else {
+		bio_endio(bio);
+	}
+}
+
+void tc_discard_work(struct work_struct *w)
+{
+	struct tc_cache *c = container_of(w, struct tc_cache, discard_work);
+	struct bio_list bios;
+	struct bio *bio;
+
+	spin_lock_irq(&c->defer_lock);
+	bios = c->discards;
+	bio_list_init(&c->discards);
+	spin_unlock_irq(&c->defer_lock);
+
+	while ((bio = bio_list_pop(&bios)))
+		tc_discard(c, bio);
+}

@@ -1,0 +1,366 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * dm-tiercache: the device-mapper target.
+ *
+ * Constructor and destructor, status, messages, suspend and resume.  The
+ * work is done elsewhere: tc_args.c parses, tc_cache.c owns the state,
+ * tc_map.c dispatches bios, tc_flush.c writes back.
+ */
+#include <linux/module.h>
+#include <linux/slab.h>
+
+#include "tiercache.h"
+
+static void tc_dtr(struct dm_target *ti)
+{
+	struct tc_target *t = ti->private;
+
+	if (!t)
+		return;
+	if (t->c) {
+		if (READ_ONCE(t->c->owner) == ti)
+			WRITE_ONCE(t->c->owner, NULL);
+		tc_cache_put(t->c);
+	}
+	if (t->cache_dev)
+		dm_put_device(ti, t->cache_dev);
+	if (t->origin)
+		dm_put_device(ti, t->origin);
+	kfree(t);
+	ti->private = NULL;
+}
+
+static int tc_get_devices(struct dm_target *ti, struct tc_target *t)
+{
+	int r;
+
+	r = dm_get_device(ti, t->args.origin_path, dm_table_get_mode(ti->table),
+			  &t->origin);
+	if (r) {
+		ti->error = "Cannot open the origin device";
+		DMERR("Cannot open the origin device %s: %d",
+		      t->args.origin_path, r);
+		return r;
+	}
+	r = dm_get_device(ti, t->args.cache_path, dm_table_get_mode(ti->table),
+			  &t->cache_dev);
+	if (r) {
+		ti->error = "Cannot open the cache device";
+		DMERR("Cannot open the cache device %s: %d",
+		      t->args.cache_path, r);
+		return r;
+	}
+	if (t->origin->bdev->bd_dev == t->cache_dev->bdev->bd_dev) {
+		ti->error = "The origin and the cache must be different devices";
+		DMERR("Cache device %s is the origin device", t->args.cache_path);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* Sizes: the origin must cover the target, the cache hold enough slots. */
+static int tc_check_sizes(struct dm_target *ti, struct tc_target *t,
+			  u32 *nr_slots)
+{
+	sector_t origin_size = bdev_nr_sectors(t->origin->bdev);
+	sector_t cache_size = bdev_nr_sectors(t->cache_dev->bdev);
+	u64 slots = cache_size >> ilog2(t->args.block_sectors);
+
+	if (ti->len > origin_size) {
+		ti->error = "The origin device is smaller than the target";
+		DMERR("Origin device too small: %llu sectors, the target needs %llu",
+		      (unsigned long long)origin_size,
+		      (unsigned long long)ti->len);
+		return -EINVAL;
+	}
+	if (slots < TC_MIN_SLOTS) {
+		ti->error = "The cache device is too small";
+		DMERR("Cache device too small: %llu blocks of %u sectors, at least %u needed",
+		      slots, t->args.block_sectors, TC_MIN_SLOTS);
+		return -EINVAL;
+	}
+	*nr_slots = min_t(u64, slots, U32_MAX);
+	return 0;
+}
+
+static int tc_ctr(struct dm_target *ti, unsigned int argc, char **argv)
+{
+	struct tc_target *t;
+	struct tc_cache *c;
+	u32 nr_slots;
+	int r;
+
+	t = kzalloc(sizeof(*t), GFP_KERNEL);
+	if (!t) {
+		ti->error = "Cannot allocate the target";
+		return -ENOMEM;
+	}
+	ti->private = t;
+	t->ti = ti;
+
+	r = tc_args_parse(&t->args, argc, argv, &ti->error);
+	if (r)
+		goto bad;
+	r = tc_get_devices(ti, t);
+	if (r)
+		goto bad;
+	r = tc_check_sizes(ti, t, &nr_slots);
+	if (r)
+		goto bad;
+	t->origin_max_kb = queue_max_sectors(bdev_get_queue(t->origin->bdev)) / 2;
+	r = tc_args_finalise(&t->args, t->origin_max_kb, t->val, &ti->error);
+	if (r)
+		goto bad;
+	c = tc_cache_get(t, nr_slots, &ti->error);
+	if (IS_ERR(c)) {
+		r = PTR_ERR(c);
+		goto bad;
+	}
+	t->c = c;
+
+	r = dm_set_target_max_io_len(ti, t->args.block_sectors);
+	if (r)
+		goto bad;
+	ti->num_flush_bios = 2;
+	ti->flush_supported = true;
+	ti->num_discard_bios = 1;
+	ti->discards_supported = true;
+	ti->per_io_data_size = sizeof(struct tc_bio);
+	return 0;
+bad:
+	tc_dtr(ti);
+	return r;
+}
+
+static void tc_emit_info(struct tc_cache *c, char *result, unsigned int maxlen,
+			 unsigned int *sz_ptr)
+{
+	struct tc_stats *s = &c->stats;
+	u64 reqs = atomic64_read(&s->wb_requests);
+	u64 blocks = atomic64_read(&s->wb_blocks);
+	u64 sectors = atomic64_read(&s->wb_sectors);
+	u64 ratio = reqs ? div64_u64(blocks * 100, reqs) : 0;
+	unsigned int sz = *sz_ptr;
+
+	DMEMIT("%s %u %u/%u %d %lld %lld %lld %lld %lld %s %llu %llu %llu %llu %llu.%02llu %lld %d %d %lu %d",
+	       tc_mode_name(c->mode), c->block_sectors, tc_nr_used(c),
+	       c->nr_slots, atomic_read(&c->nr_dirty),
+	       atomic64_read(&s->read_hits), atomic64_read(&s->read_misses),
+	       atomic64_read(&s->write_hits), atomic64_read(&s->write_misses),
+	       atomic64_read(&s->write_bypass), tc_flush_state(c),
+	       blocks, reqs, sectors,
+	       reqs ? div64_u64(sectors / 2, reqs) : 0,
+	       div64_u64(ratio, 100), ratio % 100,
+	       atomic64_read(&s->bridged_blocks),
+	       atomic_read(&s->inflight_max), READ_ONCE(c->fl.error),
+	       READ_ONCE(c->fl.flushes), READ_ONCE(c->cleaner) ? 1 : 0);
+	*sz_ptr = sz;
+}
+
+static void tc_status(struct dm_target *ti, status_type_t type,
+		      unsigned int status_flags, char *result,
+		      unsigned int maxlen)
+{
+	struct tc_target *t = ti->private;
+	unsigned int sz = 0;
+
+	switch (type) {
+	case STATUSTYPE_INFO:
+		tc_emit_info(t->c, result, maxlen, &sz);
+		break;
+	case STATUSTYPE_TABLE:
+		DMEMIT("%s %s %u", t->origin->name, t->cache_dev->name,
+		       t->args.block_sectors);
+		tc_args_emit(&t->args, result, maxlen, &sz);
+		break;
+	case STATUSTYPE_IMA:
+		DMEMIT("%s,mode=%s;", ti->type->name, tc_mode_name(t->c->mode));
+		break;
+	}
+}
+
+static void tc_stats_reset(struct tc_cache *c)
+{
+	struct tc_stats *s = &c->stats;
+
+	atomic64_set(&s->read_hits, 0);
+	atomic64_set(&s->read_misses, 0);
+	atomic64_set(&s->write_hits, 0);
+	atomic64_set(&s->write_misses, 0);
+	atomic64_set(&s->write_bypass, 0);
+	atomic64_set(&s->wb_blocks, 0);
+	atomic64_set(&s->wb_requests, 0);
+	atomic64_set(&s->wb_sectors, 0);
+	atomic64_set(&s->bridged_blocks, 0);
+	atomic_set(&s->inflight_max, 0);
+}
+
+/* "set <key> <value>": the same rules as the table line. */
+static int tc_set(struct tc_target *t, const char *key, const char *value)
+{
+	struct tc_cache *c = t->c;
+	struct tc_args a = t->args;
+	unsigned int val[TC_NR_KEYS];
+	char *error;
+	int k;
+
+	if (tc_args_set(&a, key, value, &error) ||
+	    tc_args_finalise(&a, t->origin_max_kb, val, &error))
+		return -EINVAL;
+	t->args = a;
+	memcpy(t->val, val, sizeof(val));
+	for (k = 0; k < TC_NR_KEYS; k++)
+		WRITE_ONCE(c->val[k], val[k]);
+	tc_flush_check_watermark(c);
+	tc_flush_kick(c);
+	return 0;
+}
+
+static int tc_cleaner(struct tc_cache *c, const char *arg)
+{
+	if (!strcasecmp(arg, "on")) {
+		WRITE_ONCE(c->cleaner, true);
+		clear_bit(TC_FL_PAUSED, &c->fl.bits);
+	} else if (!strcasecmp(arg, "off")) {
+		WRITE_ONCE(c->cleaner, false);
+	} else {
+		DMERR("%s: cleaner takes on or off, not %s", c->name, arg);
+		return -EINVAL;
+	}
+	tc_flush_kick(c);
+	return 0;
+}
+
+static int tc_message(struct dm_target *ti, unsigned int argc, char **argv,
+		      char *result, unsigned int maxlen)
+{
+	struct tc_target *t = ti->private;
+	struct tc_cache *c = t->c;
+	int r = -EINVAL;
+
+	mutex_lock(&c->ctl_lock);
+	if (argc == 1 && !strcasecmp(argv[0], "flush")) {
+		tc_flush_start_full(c);
+		r = 0;
+	} else if (argc == 2 && !strcasecmp(argv[0], "cleaner")) {
+		r = tc_cleaner(c, argv[1]);
+	} else if (argc == 3 && !strcasecmp(argv[0], "set")) {
+		r = tc_set(t, argv[1], argv[2]);
+	} else if (argc == 2 && !strcasecmp(argv[0], "stats") &&
+		   !strcasecmp(argv[1], "reset")) {
+		tc_stats_reset(c);
+		r = 0;
+	} else {
+		DMERR("%s: unrecognised message %s (flush, cleaner on|off, set <key> <value>, stats reset)",
+		      c->name, argc ? argv[0] : "");
+	}
+	mutex_unlock(&c->ctl_lock);
+	return r;
+}
+
+static void tc_postsuspend(struct dm_target *ti)
+{
+	struct tc_target *t = ti->private;
+	struct tc_cache *c = t->c;
+	int r;
+
+	if (READ_ONCE(c->val[TC_KEY_FLUSH_ON_SUSPEND])) {
+		r = tc_flush_sync(c);
+		if (r)
+			DMERR("%s: flush on suspend failed (%d): %d dirty blocks remain",
+			      c->name, r, atomic_read(&c->nr_dirty));
+	}
+	tc_flush_stop(c);
+}
+
+static int tc_preresume(struct dm_target *ti)
+{
+	struct tc_target *t = ti->private;
+	struct tc_cache *c = t->c;
+	int dirty = atomic_read(&c->nr_dirty);
+
+	if (t->args.mode == TC_MODE_PASSTHROUGH && dirty) {
+		DMERR("%s: passthrough refused while %d blocks are dirty: flush first",
+		      c->name, dirty);
+		return -EBUSY;
+	}
+	return 0;
+}
+
+static void tc_resume(struct dm_target *ti)
+{
+	struct tc_target *t = ti->private;
+	struct tc_cache *c = t->c;
+	int k;
+
+	mutex_lock(&c->ctl_lock);
+	c->mode = t->args.mode;
+	for (k = 0; k < TC_NR_KEYS; k++)
+		WRITE_ONCE(c->val[k], t->val[k]);
+	WRITE_ONCE(c->owner, ti);
+	mutex_unlock(&c->ctl_lock);
+	tc_flush_resume(c);
+	tc_flush_check_watermark(c);
+}
+
+static void tc_io_hints(struct dm_target *ti, struct queue_limits *limits)
+{
+	struct tc_target *t = ti->private;
+	unsigned int bytes = t->args.block_sectors << SECTOR_SHIFT;
+
+	limits->discard_granularity = bytes;
+	limits->max_discard_sectors = UINT_MAX >> SECTOR_SHIFT;
+	limits->max_hw_discard_sectors = UINT_MAX >> SECTOR_SHIFT;
+	if (limits->io_min < bytes)
+		limits->io_min = bytes;
+}
+
+static int tc_iterate_devices(struct dm_target *ti,
+			      iterate_devices_callout_fn fn, void *data)
+{
+	struct tc_target *t = ti->private;
+	int r;
+
+	r = fn(ti, t->origin, 0, ti->len, data);
+	if (!r)
+		r = fn(ti, t->cache_dev, 0,
+		       (sector_t)t->c->nr_slots << t->c->block_shift, data);
+	return r;
+}
+
+static struct target_type tc_target_type = {
+	.name = "tiercache",
+	.version = { 1, 0, 0 },
+	.module = THIS_MODULE,
+	.ctr = tc_ctr,
+	.dtr = tc_dtr,
+	.map = tc_map,
+	.end_io = tc_end_io,
+	.postsuspend = tc_postsuspend,
+	.preresume = tc_preresume,
+	.resume = tc_resume,
+	.status = tc_status,
+	.message = tc_message,
+	.io_hints = tc_io_hints,
+	.iterate_devices = tc_iterate_devices,
+};
+
+static int __init dm_tiercache_init(void)
+{
+	int r = dm_register_target(&tc_target_type);
+
+	if (r)
+		DMERR("register failed: %d", r);
+	return r;
+}
+
+static void __exit dm_tiercache_exit(void)
+{
+	dm_unregister_target(&tc_target_type);
+}
+
+module_init(dm_tiercache_init);
+module_exit(dm_tiercache_exit);
+
+MODULE_DESCRIPTION(DM_NAME " tiercache: a cache whose writeback merges neighbours");
+MODULE_LICENSE("GPL");

@@ -1,0 +1,308 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * dm-tiercache: a block cache whose writeback sends dirty blocks to the
+ * origin as few, large, ascending writes.
+ *
+ * Structures and prototypes, grouped by the file that implements them.
+ */
+#ifndef DM_TIERCACHE_H
+#define DM_TIERCACHE_H
+
+#include <linux/device-mapper.h>
+#include <linux/bio.h>
+#include <linux/blkdev.h>
+#include <linux/xarray.h>
+#include <linux/workqueue.h>
+#include <linux/wait.h>
+#include <linux/list.h>
+#include <linux/refcount.h>
+#include <linux/mutex.h>
+
+#include "tc_plan.h"
+
+#define DM_MSG_PREFIX "tiercache"
+
+#define TC_MIN_BLOCK_SECTORS	8
+#define TC_MAX_BLOCK_SECTORS	2048
+#define TC_MIN_SLOTS		16
+#define TC_MAX_FLUSH_KB		16384
+#define TC_DEFAULT_FLUSH_KB	1024
+
+/* xarray mark of dirty blocks in the index */
+#define TC_DIRTY		XA_MARK_0
+
+enum tc_mode {
+	TC_MODE_WRITEBACK,
+	TC_MODE_WRITETHROUGH,
+	TC_MODE_PASSTHROUGH,
+};
+
+/* Tunable keys, in the order they are re-emitted in the table line. */
+enum tc_key {
+	TC_KEY_FLUSH_DEPTH,
+	TC_KEY_MAX_FLUSH_KB,
+	TC_KEY_BRIDGE_GAP_KB,
+	TC_KEY_HIGH_WATERMARK,
+	TC_KEY_LOW_WATERMARK,
+	TC_KEY_FLUSH_ON_SUSPEND,
+	TC_NR_KEYS,
+};
+
+/* ---- tc_args.c: table line and "set" message parsing ---- */
+
+struct tc_args {
+	const char *origin_path;
+	const char *cache_path;
+	unsigned int block_sectors;
+	enum tc_mode mode;
+	bool mode_given;
+	unsigned int val[TC_NR_KEYS];
+	unsigned long given;		/* bit per enum tc_key */
+};
+
+int tc_args_parse(struct tc_args *a, unsigned int argc, char **argv,
+		  char **error);
+int tc_args_set(struct tc_args *a, const char *key, const char *value,
+		char **error);
+int tc_args_finalise(const struct tc_args *a, unsigned int origin_max_kb,
+		     unsigned int *val, char **error);
+const char *tc_key_name(enum tc_key k);
+const char *tc_mode_name(enum tc_mode m);
+void tc_args_emit(const struct tc_args *a, char *result, unsigned int maxlen,
+		  unsigned int *sz);
+
+/* ---- tc_lock.c: per-block exclusive locks ---- */
+
+struct tc_holder {
+	struct hlist_node node;
+	u64 block;
+};
+
+struct tc_lock_bucket {
+	spinlock_t lock;
+	struct hlist_head held;
+	struct bio_list waiters;
+};
+
+struct tc_locks {
+	unsigned int nr_buckets;		/* power of two */
+	struct tc_lock_bucket *buckets;
+	wait_queue_head_t wait;		/* sleepers in tc_lock_wait() */
+	void (*requeue)(void *ctx, struct bio_list *bios);
+	void *ctx;
+};
+
+int tc_locks_init(struct tc_locks *l, unsigned int nr_buckets,
+		  void (*requeue)(void *ctx, struct bio_list *bios), void *ctx);
+void tc_locks_exit(struct tc_locks *l);
+bool tc_trylock(struct tc_locks *l, struct tc_holder *h, u64 block);
+bool tc_lock_or_defer(struct tc_locks *l, struct tc_holder *h, u64 block,
+		      struct bio *bio);
+void tc_lock_wait(struct tc_locks *l, struct tc_holder *h, u64 block);
+void tc_unlock(struct tc_locks *l, struct tc_holder *h);
+
+/* ---- tc_index.c: slots, the block index and clean-slot reclaim ---- */
+
+struct tc_entry {
+	u64 block;			/* origin block held by the slot */
+	u64 seq;			/* write sequence of the data */
+	unsigned long flags;		/* TC_E_* bits */
+};
+
+#define TC_E_VALID	0		/* slot holds a block */
+#define TC_E_REF	1		/* referenced since the last CLOCK pass */
+
+struct tc_stats {
+	atomic64_t read_hits;
+	atomic64_t read_misses;
+	atomic64_t write_hits;
+	atomic64_t write_misses;
+	atomic64_t write_bypass;
+	atomic64_t wb_blocks;
+	atomic64_t wb_requests;
+	atomic64_t wb_sectors;
+	atomic64_t bridged_blocks;
+	atomic_t inflight_max;
+};
+
+/* ---- tc_flush.c: the neighbour-merging writeback engine ---- */
+
+enum tc_flush_bits {
+	TC_FL_FULL_REQ,		/* a full flush was asked for */
+	TC_FL_FULL,		/* a full flush is running */
+	TC_FL_BACKGROUND,	/* watermark writeback is running */
+	TC_FL_STOPPED,		/* suspended: issue nothing */
+	TC_FL_PAUSED,		/* background paused after an error */
+};
+
+struct tc_flush {
+	struct work_struct work;	/* the engine: gathers and issues */
+	struct work_struct done_work;	/* completions in process context */
+	unsigned long bits;		/* enum tc_flush_bits */
+	u64 cursor;			/* next origin block of the sweep */
+	bool pass_skipped;		/* a dirty block was busy this pass */
+	bool pass_issued;		/* a request was issued this pass */
+	int pass_error;
+	spinlock_t lock;		/* protects the lists below */
+	struct list_head completed;	/* requests with a finished stage */
+	struct list_head flushed;	/* batches whose origin flush ended */
+	struct list_head done;		/* written, waiting for an origin flush */
+	unsigned int nr_done;
+	atomic_t inflight;		/* requests not yet written */
+	atomic_t outstanding;		/* requests still holding locks */
+	wait_queue_head_t wait;
+	int error;			/* latched first error */
+	unsigned long flushes;		/* full flushes completed */
+};
+
+/* ---- the shared cache state (tc_target.c owns its life) ---- */
+
+struct tc_cache {
+	struct list_head list;		/* in the registry */
+	refcount_t ref;
+	struct mapped_device *md;
+	char name[32];			/* the mapped device, for messages */
+	struct mutex ctl_lock;		/* messages and resume */
+	dev_t origin_dev;
+	dev_t cache_dev;
+	struct block_device *origin_bdev;
+	struct block_device *cache_bdev;
+	struct dm_target *owner;	/* the active target, for events */
+	sector_t target_len;
+
+	unsigned int block_sectors;
+	unsigned int block_shift;	/* log2(block_sectors) */
+	u64 nr_blocks;			/* whole origin blocks in the target */
+	u32 nr_slots;
+	sector_t data_start;		/* first data sector on the cache dev */
+
+	/* index */
+	struct tc_entry *entries;	/* one per slot */
+	struct xarray index;		/* origin block -> entry */
+	spinlock_t alloc_lock;		/* free stack and CLOCK hand */
+	u32 *free_stack;
+	u32 nr_free;
+	u32 clock_hand;
+	atomic_t nr_dirty;
+	atomic64_t write_seq;
+
+	struct tc_locks locks;
+
+	/* live settings */
+	enum tc_mode mode;
+	bool cleaner;
+	unsigned int val[TC_NR_KEYS];
+
+	/* deferred bio processing */
+	struct workqueue_struct *wq;
+	spinlock_t defer_lock;
+	struct bio_list deferred;
+	struct bio_list discards;
+	struct work_struct io_work;
+	struct work_struct discard_work;
+	struct bio_set bs;
+
+	struct tc_stats stats;
+	struct tc_flush fl;
+};
+
+/* one table's target: arguments and device references */
+struct tc_target {
+	struct dm_target *ti;
+	struct dm_dev *origin;
+	struct dm_dev *cache_dev;
+	struct tc_args args;		/* as given (and set since) */
+	unsigned int val[TC_NR_KEYS];	/* resolved values in force */
+	unsigned int origin_max_kb;	/* the origin's max_sectors_kb */
+	struct tc_cache *c;
+};
+
+/* ---- tc_cache.c: the state shared by the tables of one device ---- */
+
+struct tc_cache *tc_cache_get(struct tc_target *t, u32 nr_slots, char **error);
+void tc_cache_put(struct tc_cache *c);
+
+/* per-bio data */
+enum tc_stage {
+	TC_ST_NEW,		/* not yet locked: run the dispatcher */
+	TC_ST_BOTH,		/* locked: write cache and origin */
+	TC_ST_BOTH_DONE,	/* both writes ended */
+	TC_ST_PROMOTE,		/* locked: read origin, then fill a slot */
+	TC_ST_PROMOTE_WRITE,	/* origin read ended: write the slot */
+	TC_ST_PROMOTE_DONE,	/* slot write ended: index it */
+};
+
+struct tc_bio {
+	struct tc_cache *c;
+	struct tc_holder holder;
+	bool locked;
+	enum tc_stage stage;
+	u32 slot;			/* for promotion */
+	atomic_t pending;		/* clones in flight */
+	blk_status_t status;
+	blk_status_t cache_status;
+};
+
+static inline struct bio *tc_bio_of(struct tc_bio *pb)
+{
+	return dm_bio_from_per_bio_data(pb, sizeof(struct tc_bio));
+}
+
+static inline sector_t tc_slot_sector(struct tc_cache *c, u32 slot)
+{
+	return c->data_start + ((sector_t)slot << c->block_shift);
+}
+
+static inline unsigned int tc_block_bytes(struct tc_cache *c)
+{
+	return c->block_sectors << SECTOR_SHIFT;
+}
+
+int tc_index_init(struct tc_cache *c);
+void tc_index_exit(struct tc_cache *c);
+struct tc_entry *tc_lookup(struct tc_cache *c, u64 block);
+bool tc_is_dirty(struct tc_cache *c, u64 block);
+int tc_alloc_slot(struct tc_cache *c, u32 *slot);
+void tc_free_slot(struct tc_cache *c, u32 slot);
+int tc_insert(struct tc_cache *c, u32 slot, u64 block, bool dirty, gfp_t gfp);
+void tc_remove(struct tc_cache *c, struct tc_entry *e);
+void tc_mark_dirty(struct tc_cache *c, struct tc_entry *e);
+bool tc_mark_clean(struct tc_cache *c, struct tc_entry *e, u64 block, u64 seq);
+u32 tc_slot_of(struct tc_cache *c, struct tc_entry *e);
+u32 tc_nr_used(struct tc_cache *c);
+
+/* ---- tc_map.c: bio dispatch ---- */
+
+int tc_map(struct dm_target *ti, struct bio *bio);
+int tc_end_io(struct dm_target *ti, struct bio *bio, blk_status_t *error);
+void tc_io_work(struct work_struct *w);
+void tc_discard_work(struct work_struct *w);
+void tc_requeue(void *ctx, struct bio_list *bios);
+void tc_queue_io(struct tc_cache *c, struct bio *bio);
+
+/* ---- tc_flush.c ---- */
+
+void tc_flush_init(struct tc_cache *c);
+void tc_flush_start_full(struct tc_cache *c);
+void tc_flush_kick(struct tc_cache *c);
+void tc_flush_check_watermark(struct tc_cache *c);
+void tc_flush_stop(struct tc_cache *c);
+void tc_flush_resume(struct tc_cache *c);
+int tc_flush_sync(struct tc_cache *c);
+const char *tc_flush_state(struct tc_cache *c);
+
+/* ---- tc_io.c: page buffers and bio helpers ---- */
+
+struct tc_buf {
+	unsigned int nr_chunks;
+	unsigned int chunk_bytes;
+	struct page **chunks;
+};
+
+int tc_buf_alloc(struct tc_buf *b, size_t bytes);
+void tc_buf_free(struct tc_buf *b);
+struct bio *tc_buf_bio(struct tc_cache *c, struct tc_buf *b, size_t off,
+		       size_t *len, struct block_device *bdev, sector_t sector,
+		       blk_opf_t opf);
+
+#endif /* DM_TIERCACHE_H */
