@@ -1,0 +1,467 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! In-memory fakes of device-mapper (with a simulated tiercache target),
+//! LVM and the host, for the command tests.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::dm::{DevInfo, Dm, Target};
+use crate::error::{busy, failure, not_found, Error, Kind, Result};
+use crate::host::{BlockDev, Host};
+use crate::lvm::{LvInfo, Lvm};
+use crate::status::TARGET_TYPE;
+use crate::table::TableSpec;
+
+/// Simulated state of a tiercache target.
+#[derive(Clone, Debug)]
+pub struct Sim {
+    pub mode: String,
+    pub block_size: u32,
+    pub used: u64,
+    pub total: u64,
+    pub dirty: u64,
+    pub state: &'static str,
+    pub wb_blocks: u64,
+    pub wb_requests: u64,
+    pub wb_sectors: u64,
+    pub error: i32,
+    pub flushes: u64,
+    pub cleaner: bool,
+    /// Blocks written back per status query while flushing/cleaning.
+    pub step: u64,
+    /// The next flush fails with this errno after one step.
+    pub fail_with: Option<i32>,
+    /// New dirty blocks appearing at each status query (foreground load).
+    pub incoming: u64,
+    pub msgs: Vec<String>,
+}
+
+impl Sim {
+    pub fn new(block_size: u32, total: u64) -> Sim {
+        Sim {
+            mode: "writeback".into(),
+            block_size,
+            used: 0,
+            total,
+            dirty: 0,
+            state: "idle",
+            wb_blocks: 0,
+            wb_requests: 0,
+            wb_sectors: 0,
+            error: 0,
+            flushes: 0,
+            cleaner: false,
+            step: 100,
+            fail_with: None,
+            incoming: 0,
+            msgs: vec![],
+        }
+    }
+
+    fn line(&self) -> String {
+        let avg = if self.wb_requests > 0 { self.wb_sectors / 2 / self.wb_requests } else { 0 };
+        let ratio = if self.wb_requests > 0 { self.wb_blocks as f64 / self.wb_requests as f64 } else { 0.0 };
+        format!(
+            "{} {} {}/{} {} 0 0 0 0 0 {} {} {} {} {} {:.2} 0 4 {} {} {}",
+            self.mode,
+            self.block_size,
+            self.used,
+            self.total,
+            self.dirty,
+            self.state,
+            self.wb_blocks,
+            self.wb_requests,
+            self.wb_sectors,
+            avg,
+            ratio,
+            self.error,
+            self.flushes,
+            if self.cleaner { 1 } else { 0 }
+        )
+    }
+
+    /// One step of simulated time; returns true if an event is raised.
+    fn tick(&mut self) -> bool {
+        if !self.cleaner && self.state != "flushing" {
+            self.dirty += self.incoming;
+            self.used = self.used.max(self.dirty);
+        }
+        if self.state == "flushing" || (self.cleaner && self.dirty > 0) {
+            if let Some(e) = self.fail_with.take() {
+                self.error = e;
+                self.state = "idle";
+                return true;
+            }
+            let n = self.step.min(self.dirty);
+            self.dirty -= n;
+            self.wb_blocks += n;
+            self.wb_requests += n.div_ceil(256).max(if n > 0 { 1 } else { 0 });
+            self.wb_sectors += n * self.block_size as u64;
+            if self.dirty == 0 && self.state == "flushing" {
+                self.state = "idle";
+                self.flushes += 1;
+                self.error = 0;
+                return true;
+            }
+        }
+        false
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct FakeDev {
+    pub info: DevInfo,
+    pub table: Vec<Target>,
+    pub inactive: Option<Vec<Target>>,
+    pub sim: Option<Sim>,
+}
+
+#[derive(Default)]
+pub struct FakeDm {
+    pub devs: RefCell<BTreeMap<String, FakeDev>>,
+    pub log: RefCell<Vec<String>>,
+    pub next_minor: Cell<u32>,
+    pub have_target: Cell<bool>,
+    /// Table loads of tiercache tables fail with EINVAL.
+    pub reject_tiercache: Cell<bool>,
+    /// A status line override (to test the parser's error path).
+    pub bad_status: RefCell<Option<String>>,
+}
+
+impl FakeDm {
+    pub fn new() -> FakeDm {
+        let d = FakeDm::default();
+        d.have_target.set(true);
+        d.next_minor.set(10);
+        d
+    }
+
+    /// Add a running tiercache device.
+    pub fn add_cached(&self, name: &str, origin: &str, cache: &str, sim: Sim, len: u64) {
+        let m = self.next_minor.get();
+        self.next_minor.set(m + 1);
+        let spec = TableSpec::new(origin, cache, sim.block_size);
+        self.devs.borrow_mut().insert(
+            name.into(),
+            FakeDev {
+                info: DevInfo {
+                    name: name.into(),
+                    uuid: Some(format!("TIERCACHE-{name}")),
+                    devno: (253, m),
+                    open_count: 0,
+                    event_nr: 0,
+                    suspended: false,
+                    read_only: false,
+                    active_table: true,
+                    inactive_table: false,
+                },
+                table: vec![Target::new(0, len, TARGET_TYPE, spec.to_params())],
+                inactive: None,
+                sim: Some(sim),
+            },
+        );
+    }
+
+    pub fn with<R>(&self, name: &str, f: impl FnOnce(&mut FakeDev) -> R) -> R {
+        f(self.devs.borrow_mut().get_mut(name).expect("fake device"))
+    }
+
+    fn log(&self, s: String) {
+        self.log.borrow_mut().push(s);
+    }
+
+    fn nodev(name: &str) -> Error {
+        not_found(format!("{name}: no such device-mapper device"))
+    }
+}
+
+impl Dm for FakeDm {
+    fn list(&self) -> Result<Vec<String>> {
+        Ok(self.devs.borrow().keys().cloned().collect())
+    }
+    fn info(&self, name: &str) -> Result<Option<DevInfo>> {
+        Ok(self.devs.borrow().get(name).map(|d| {
+            let mut i = d.info.clone();
+            i.inactive_table = d.inactive.is_some();
+            i.active_table = !d.table.is_empty();
+            i
+        }))
+    }
+    fn table(&self, name: &str) -> Result<Vec<Target>> {
+        let devs = self.devs.borrow();
+        let d = devs.get(name).ok_or_else(|| Self::nodev(name))?;
+        let mut t = d.table.clone();
+        if let (Some(sim), Some(t0)) = (&d.sim, t.first_mut()) {
+            if t0.ttype == TARGET_TYPE {
+                let mut spec = TableSpec::parse_params(&t0.params).unwrap();
+                if sim.mode != "writeback" {
+                    spec.mode = Some(sim.mode.parse().unwrap());
+                }
+                t0.params = spec.to_params();
+            }
+        }
+        Ok(t)
+    }
+    fn status(&self, name: &str) -> Result<Vec<Target>> {
+        let mut devs = self.devs.borrow_mut();
+        let d = devs.get_mut(name).ok_or_else(|| Self::nodev(name))?;
+        let Some(t) = d.table.first().cloned() else { return Ok(vec![]) };
+        if t.ttype != TARGET_TYPE {
+            return Ok(vec![Target::new(t.start, t.len, &t.ttype, String::new())]);
+        }
+        let sim = d.sim.as_mut().unwrap();
+        if !d.info.suspended && sim.tick() {
+            d.info.event_nr += 1;
+        }
+        let line = self.bad_status.borrow().clone().unwrap_or_else(|| sim.line());
+        Ok(vec![Target::new(t.start, t.len, TARGET_TYPE, line)])
+    }
+    fn create(&self, name: &str, uuid: Option<&str>) -> Result<DevInfo> {
+        if self.devs.borrow().contains_key(name) {
+            return Err(busy(format!("{name}: exists")));
+        }
+        let m = self.next_minor.get();
+        self.next_minor.set(m + 1);
+        let info = DevInfo {
+            name: name.into(),
+            uuid: uuid.map(String::from),
+            devno: (253, m),
+            open_count: 0,
+            event_nr: 0,
+            suspended: true,
+            read_only: false,
+            active_table: false,
+            inactive_table: false,
+        };
+        self.devs.borrow_mut().insert(
+            name.into(),
+            FakeDev { info: info.clone(), table: vec![], inactive: None, sim: None },
+        );
+        self.log(format!("create {name}"));
+        Ok(info)
+    }
+    fn load(&self, name: &str, targets: &[Target]) -> Result<()> {
+        self.log(format!(
+            "load {name} {}",
+            targets.iter().map(|t| format!("{} {} {} {}", t.start, t.len, t.ttype, t.params)).collect::<Vec<_>>().join(";")
+        ));
+        if targets.iter().any(|t| t.ttype == TARGET_TYPE) && self.reject_tiercache.get() {
+            return Err(Error::new(Kind::Failure, format!("{name}: table load failed: EINVAL")));
+        }
+        let mut devs = self.devs.borrow_mut();
+        let d = devs.get_mut(name).ok_or_else(|| Self::nodev(name))?;
+        d.inactive = Some(targets.to_vec());
+        Ok(())
+    }
+    fn clear_inactive(&self, name: &str) -> Result<()> {
+        self.log(format!("clear {name}"));
+        let mut devs = self.devs.borrow_mut();
+        devs.get_mut(name).ok_or_else(|| Self::nodev(name))?.inactive = None;
+        Ok(())
+    }
+    fn suspend(&self, name: &str, flush: bool) -> Result<()> {
+        self.log(format!("suspend {name}{}", if flush { "" } else { " noflush" }));
+        let mut devs = self.devs.borrow_mut();
+        devs.get_mut(name).ok_or_else(|| Self::nodev(name))?.info.suspended = true;
+        Ok(())
+    }
+    fn resume(&self, name: &str) -> Result<()> {
+        self.log(format!("resume {name}"));
+        let mut devs = self.devs.borrow_mut();
+        let d = devs.get_mut(name).ok_or_else(|| Self::nodev(name))?;
+        if let Some(t) = d.inactive.take() {
+            if let Some(first) = t.first() {
+                if first.ttype == TARGET_TYPE {
+                    let spec = TableSpec::parse_params(&first.params).unwrap();
+                    let sim = d.sim.get_or_insert_with(|| Sim::new(spec.block_size, 1024));
+                    sim.mode = spec.mode.map(|m| m.as_str().to_string()).unwrap_or("writeback".into());
+                } else {
+                    d.sim = None;
+                }
+            }
+            d.table = t;
+        }
+        d.info.suspended = false;
+        Ok(())
+    }
+    fn remove(&self, name: &str) -> Result<()> {
+        self.log(format!("remove {name}"));
+        let mut devs = self.devs.borrow_mut();
+        let d = devs.get(name).ok_or_else(|| Self::nodev(name))?;
+        if d.info.open_count > 0 {
+            return Err(busy(format!("{name}: remove: device or resource busy")));
+        }
+        devs.remove(name);
+        Ok(())
+    }
+    fn message(&self, name: &str, msg: &str) -> Result<Option<String>> {
+        self.log(format!("message {name} {msg}"));
+        let mut devs = self.devs.borrow_mut();
+        let d = devs.get_mut(name).ok_or_else(|| Self::nodev(name))?;
+        let sim = d.sim.as_mut().ok_or_else(|| failure("not tiercache"))?;
+        sim.msgs.push(msg.into());
+        match msg {
+            "flush" => {
+                sim.state = "flushing";
+            }
+            "cleaner on" => sim.cleaner = true,
+            "cleaner off" => sim.cleaner = false,
+            _ => {}
+        }
+        Ok(None)
+    }
+    fn wait_event(&self, _timeout: Duration) -> Result<()> {
+        Ok(())
+    }
+    fn target_types(&self) -> Result<Vec<String>> {
+        let mut v = vec!["linear".to_string(), "striped".into()];
+        if self.have_target.get() {
+            v.push(TARGET_TYPE.into());
+        }
+        Ok(v)
+    }
+}
+
+#[derive(Default)]
+pub struct FakeHost {
+    pub devs: RefCell<BTreeMap<String, BlockDev>>,
+    pub sizes: RefCell<BTreeMap<(u32, u32), u64>>,
+    pub users: RefCell<BTreeMap<(u32, u32), String>>,
+    pub files: RefCell<BTreeMap<String, String>>,
+    pub nodes: RefCell<Vec<String>>,
+    pub clock: Cell<f64>,
+    pub kmsg: RefCell<Option<String>>,
+    pub readonly_files: Cell<bool>,
+}
+
+impl FakeHost {
+    pub fn add_dev(&self, path: &str, devno: (u32, u32), size: u64) {
+        self.devs.borrow_mut().insert(path.into(), BlockDev { path: path.into(), devno, size_bytes: size });
+        self.sizes.borrow_mut().insert(devno, size);
+    }
+}
+
+impl Host for FakeHost {
+    fn blockdev(&self, path: &str) -> Result<BlockDev> {
+        self.devs
+            .borrow()
+            .get(path)
+            .cloned()
+            .ok_or_else(|| not_found(format!("{path}: No such file or directory")))
+    }
+    fn size_of_devno(&self, devno: (u32, u32)) -> Result<u64> {
+        self.sizes.borrow().get(&devno).copied().ok_or_else(|| not_found("no such devno"))
+    }
+    fn in_use(&self, bd: &BlockDev) -> Result<Option<String>> {
+        Ok(self.users.borrow().get(&bd.devno).cloned())
+    }
+    fn describe_devno(&self, devno: (u32, u32)) -> String {
+        format!("dev{}:{}", devno.0, devno.1)
+    }
+    fn kernel_error(&self, _devno: (u32, u32)) -> Option<String> {
+        self.kmsg.borrow().clone()
+    }
+    fn make_nodes(&self, name: &str, _devno: (u32, u32)) -> Result<()> {
+        self.nodes.borrow_mut().push(name.into());
+        Ok(())
+    }
+    fn remove_nodes(&self, name: &str) {
+        self.nodes.borrow_mut().retain(|n| n != name);
+    }
+    fn read_file(&self, path: &str) -> Result<Option<String>> {
+        Ok(self.files.borrow().get(path).cloned())
+    }
+    fn write_file(&self, path: &str, text: &str) -> Result<()> {
+        if self.readonly_files.get() {
+            return Err(Error::new(Kind::Config, format!("{path}: cannot write: Read-only file system")));
+        }
+        self.files.borrow_mut().insert(path.into(), text.into());
+        Ok(())
+    }
+    fn modprobe(&self, _module: &str) -> bool {
+        false
+    }
+    fn now(&self) -> f64 {
+        self.clock.get()
+    }
+    fn sleep(&self, secs: f64) {
+        self.clock.set(self.clock.get() + secs.max(0.05));
+    }
+    fn stderr_is_tty(&self) -> bool {
+        false
+    }
+}
+
+#[derive(Default)]
+pub struct FakeLvm {
+    pub lvs: RefCell<Vec<LvInfo>>,
+    pub log: RefCell<Vec<String>>,
+    /// Device number an LV gets when activated.
+    pub planned: RefCell<BTreeMap<String, (u32, u32)>>,
+}
+
+impl FakeLvm {
+    /// Add an LV with the device number it has while active.
+    pub fn add(&self, host: &FakeHost, vg: &str, lv: &str, size: u64, d: (u32, u32), active: bool) {
+        host.add_dev(&format!("/dev/{vg}/{lv}"), d, size);
+        self.planned.borrow_mut().insert(format!("{vg}/{lv}"), d);
+        let devno = if active { Some(d) } else { None };
+        self.lvs.borrow_mut().push(LvInfo {
+            vg: vg.into(),
+            lv: lv.into(),
+            path: format!("/dev/{vg}/{lv}"),
+            dm_path: format!("/dev/mapper/{vg}-{lv}"),
+            size_bytes: size,
+            attr: "-wi-a-----".into(),
+            active: devno.is_some(),
+            devno,
+            tags: vec![],
+            skip_activation: false,
+        });
+    }
+    pub fn get(&self, vg: &str, lv: &str) -> LvInfo {
+        self.lvs.borrow().iter().find(|l| l.vg == vg && l.lv == lv).unwrap().clone()
+    }
+}
+
+impl Lvm for FakeLvm {
+    fn lv(&self, vg: &str, lv: &str) -> Result<Option<LvInfo>> {
+        Ok(self.lvs.borrow().iter().find(|l| l.vg == vg && l.lv == lv).cloned())
+    }
+    fn all(&self) -> Result<Vec<LvInfo>> {
+        Ok(self.lvs.borrow().clone())
+    }
+    fn activate(&self, vg: &str, lv: &str) -> Result<()> {
+        self.log.borrow_mut().push(format!("activate {vg}/{lv}"));
+        let mut lvs = self.lvs.borrow_mut();
+        let l = lvs.iter_mut().find(|l| l.vg == vg && l.lv == lv).ok_or_else(|| not_found("lv"))?;
+        l.devno = self.planned.borrow().get(&format!("{vg}/{lv}")).copied();
+        l.active = true;
+        Ok(())
+    }
+    fn deactivate(&self, vg: &str, lv: &str) -> Result<()> {
+        self.log.borrow_mut().push(format!("deactivate {vg}/{lv}"));
+        let mut lvs = self.lvs.borrow_mut();
+        let l = lvs.iter_mut().find(|l| l.vg == vg && l.lv == lv).ok_or_else(|| not_found("lv"))?;
+        l.active = false;
+        l.devno = None;
+        Ok(())
+    }
+    fn mark(&self, vg: &str, lv: &str, tag: &str, on: bool) -> Result<()> {
+        self.log.borrow_mut().push(format!("mark {vg}/{lv} {tag} {on}"));
+        let mut lvs = self.lvs.borrow_mut();
+        let l = lvs.iter_mut().find(|l| l.vg == vg && l.lv == lv).ok_or_else(|| not_found("lv"))?;
+        l.tags.retain(|t| t != tag);
+        if on {
+            l.tags.push(tag.into());
+        }
+        l.skip_activation = on;
+        Ok(())
+    }
+    fn remove(&self, vg: &str, lv: &str) -> Result<()> {
+        self.log.borrow_mut().push(format!("remove {vg}/{lv}"));
+        self.lvs.borrow_mut().retain(|l| !(l.vg == vg && l.lv == lv));
+        Ok(())
+    }
+}

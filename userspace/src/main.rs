@@ -1,0 +1,384 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! `tiercache`: command line front end of the tiercache library.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::cell::RefCell;
+use std::process::ExitCode;
+
+use tiercache::config::{DevRef, Options, DEFAULT_BLOCK_SECTORS, DEFAULT_PATH};
+use tiercache::dm::KernelDm;
+use tiercache::error::{usage, Result};
+use tiercache::host::RealHost;
+use tiercache::lvm::LvmCmd;
+use tiercache::ops::{Ctx, DetachCache, FlushOpts, Setup};
+use tiercache::progress::ProgressMode;
+use tiercache::status::Mode;
+use tiercache::table::{self, Key};
+
+const EXIT_CODES: &str = "\
+Exit status:
+  0  success
+  1  failure (an ioctl or LVM command failed)
+  2  bad command line (unknown option, invalid value)
+  3  no such device, logical volume or configuration entry
+  4  a device is in use or a name is taken
+  5  refused: dirty data would be lost
+  6  the target reported a writeback error (flush failed)
+  7  timed out
+  8  the kernel's answer was not understood, or the target is missing
+  9  configuration file error
+
+Units: sizes take a suffix (s = 512-byte sectors, b, K, M, G); a bare number
+is KiB.  Keys ending in _kb are KiB, watermarks are percent of the cache.";
+
+#[derive(Parser)]
+#[command(
+    name = "tiercache",
+    version,
+    about = "Manage dm-tiercache devices: a fast cache in front of a slow disk",
+    after_help = EXIT_CODES,
+    disable_help_subcommand = true
+)]
+struct Cli {
+    /// Configuration file listing the devices set up at boot
+    #[arg(long, global = true, value_name = "PATH", env = "TIERCACHE_CONFIG", hide_env_values = true, default_value = DEFAULT_PATH)]
+    config: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ModeArg {
+    Writeback,
+    Writethrough,
+    Passthrough,
+}
+
+impl From<ModeArg> for Mode {
+    fn from(m: ModeArg) -> Mode {
+        match m {
+            ModeArg::Writeback => Mode::Writeback,
+            ModeArg::Writethrough => Mode::Writethrough,
+            ModeArg::Passthrough => Mode::Passthrough,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ProgressArg {
+    /// A bar on a terminal, a line every 5 s otherwise
+    Auto,
+    /// A line every 5 s
+    Lines,
+    /// No progress output
+    None,
+}
+
+#[derive(Args)]
+struct CacheOpts {
+    /// Cache block size, a power of two from 4K to 1M
+    #[arg(short = 'b', long, value_name = "SIZE", default_value = "4K")]
+    block_size: String,
+    /// Cache mode
+    #[arg(short, long, value_enum)]
+    mode: Option<ModeArg>,
+    /// Writeback requests in flight to the origin (1-4096; default 128)
+    #[arg(long, value_name = "N")]
+    flush_depth: Option<u64>,
+    /// Largest origin write in KiB (block size to 16384; default from the origin, at least 1024)
+    #[arg(long, value_name = "KIB")]
+    max_flush_kb: Option<u64>,
+    /// Largest hole between dirty runs filled and written with them, in KiB (0 = off, default)
+    #[arg(long, value_name = "KIB")]
+    bridge_gap_kb: Option<u64>,
+    /// Dirty percent that starts background writeback (1-100; default 50)
+    #[arg(long, value_name = "PCT")]
+    high_watermark: Option<u64>,
+    /// Dirty percent that stops background writeback (0-high; default 10)
+    #[arg(long, value_name = "PCT")]
+    low_watermark: Option<u64>,
+    /// Flush all dirty data when the device is suspended (0 or 1; default 0)
+    #[arg(long, value_name = "0|1")]
+    flush_on_suspend: Option<u64>,
+}
+
+impl CacheOpts {
+    fn to_options(&self) -> Result<Options> {
+        let bytes = tiercache::units::parse_size("block size", &self.block_size)?;
+        if bytes % 512 != 0 {
+            return Err(usage(format!("invalid block size '{}': not a whole number of 512-byte sectors", self.block_size)));
+        }
+        let block_size = table::check_block_size(bytes / 512)?;
+        let mut tunables = vec![];
+        for (k, v) in [
+            (Key::FlushDepth, self.flush_depth),
+            (Key::MaxFlushKb, self.max_flush_kb),
+            (Key::BridgeGapKb, self.bridge_gap_kb),
+            (Key::HighWatermark, self.high_watermark),
+            (Key::LowWatermark, self.low_watermark),
+            (Key::FlushOnSuspend, self.flush_on_suspend),
+        ] {
+            if let Some(v) = v {
+                table::check_value(k, &v.to_string(), block_size)?;
+                tunables.push((k, v));
+            }
+        }
+        let _ = DEFAULT_BLOCK_SECTORS;
+        Ok(Options { block_size, mode: self.mode.map(Into::into), tunables, noauto: false })
+    }
+}
+
+#[derive(Args, Clone, Copy)]
+struct WaitOpts {
+    /// Give up waiting after this many seconds (the flush goes on)
+    #[arg(long, value_name = "SECS")]
+    timeout: Option<f64>,
+    /// Progress display on stderr
+    #[arg(long, value_enum, default_value = "auto")]
+    progress: ProgressArg,
+    /// No progress display (same as --progress none)
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+impl WaitOpts {
+    fn to_opts(self) -> Result<FlushOpts> {
+        if let Some(t) = self.timeout {
+            if !(t > 0.0) || !t.is_finite() {
+                return Err(usage(format!("invalid --timeout {t}: must be a positive number of seconds")));
+            }
+        }
+        let progress = if self.quiet {
+            ProgressMode::Quiet
+        } else {
+            match self.progress {
+                ProgressArg::Auto => ProgressMode::Auto,
+                ProgressArg::Lines => ProgressMode::Lines,
+                ProgressArg::None => ProgressMode::Quiet,
+            }
+        };
+        Ok(FlushOpts { timeout: self.timeout, progress })
+    }
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Create a cached device from an origin and a cache device
+    #[command(after_help = "\
+ORIGIN and CACHE are block devices (/dev/...) or logical volumes (VG/LV).
+Both must be unused.  The device covers the whole origin and appears as
+/dev/mapper/NAME and /dev/tiercache/NAME.  With --save it is also listed in
+the configuration file and set up again by 'tiercache activate --all'.")]
+    Create {
+        /// Name of the new device
+        name: String,
+        /// The slow device
+        origin: String,
+        /// The fast device
+        cache: String,
+        #[command(flatten)]
+        opts: CacheOpts,
+        /// Also list the device in the configuration file
+        #[arg(long)]
+        save: bool,
+    },
+    /// Flush and remove a cached device
+    #[command(after_help = "\
+Dirty data is flushed to the origin first.  A device still holding dirty data
+(after --no-flush, or when the flush failed) is only removed with --force,
+which discards that data.")]
+    Remove {
+        name: String,
+        /// Do not flush first
+        #[arg(long)]
+        no_flush: bool,
+        /// Remove even if dirty data would be lost
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        wait: WaitOpts,
+    },
+    /// Show usage, dirty data, hit ratios, flush progress and writeback efficiency
+    Status {
+        /// Devices (default: all tiercache devices)
+        names: Vec<String>,
+        /// Machine-readable output
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write all dirty data back to the origin
+    #[command(after_help = "\
+Without --wait the flush is started and the command returns at once.  With
+--wait it shows the dirty data left, the rate and an ETA, and exits 0 when
+the flush completed, 6 on a writeback error, 7 on --timeout.")]
+    Flush {
+        name: String,
+        /// Wait for the end of the flush, showing progress
+        #[arg(short, long)]
+        wait: bool,
+        #[command(flatten)]
+        opts: WaitOpts,
+    },
+    /// Change a setting of a running device
+    #[command(after_help = "\
+Keys: flush_depth, max_flush_kb, bridge_gap_kb, high_watermark,
+low_watermark, flush_on_suspend (live), mode (writeback|writethrough|
+passthrough; reloads the table, keeps the cached data), cleaner (on|off).")]
+    Set {
+        name: String,
+        key: String,
+        value: String,
+        /// Also record the value in the configuration file
+        #[arg(long)]
+        save: bool,
+    },
+    /// List cached devices
+    List {
+        /// Machine-readable output
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cache an existing logical volume on another one
+    #[command(after_help = "\
+The cached device appears as /dev/mapper/NAME and /dev/tiercache/NAME (NAME
+defaults to the origin LV's name); use it instead of the LV.  Both LVs get a
+tag (tiercache_origin, tiercache_cache) and LVM's activation-skip flag, so
+that boot-time autoactivation never exposes the origin without its cache;
+'tiercache activate --all' sets the pair up from the configuration file.")]
+    Attach {
+        /// The logical volume to cache (VG/LV), unused
+        origin: String,
+        /// The fast logical volume to cache it on (VG/LV)
+        #[arg(long, value_name = "VG/LV")]
+        cache: String,
+        /// Device name (default: the origin LV's name)
+        #[arg(long)]
+        name: Option<String>,
+        #[command(flatten)]
+        opts: CacheOpts,
+        /// Do not record the device in the configuration file
+        #[arg(long)]
+        no_save: bool,
+    },
+    /// Flush and stop caching, keeping the device (and a mounted filesystem) in place
+    #[command(after_help = "\
+The cache is flushed, switched to cleaner mode, and the device's table is
+swapped for a linear mapping of the origin while it stays open.  Then the
+cache is released: its LV is kept (--split, the default) or removed
+(--uncache).  'tiercache remove NAME' drops the mapping once unused.")]
+    Detach {
+        name: String,
+        /// Keep the cache LV (default)
+        #[arg(long, conflicts_with = "uncache")]
+        split: bool,
+        /// Remove the cache LV
+        #[arg(long)]
+        uncache: bool,
+        #[command(flatten)]
+        wait: WaitOpts,
+    },
+    /// Set up the devices listed in the configuration file (boot)
+    #[command(after_help = "\
+Each line of the configuration file (default /etc/tiercache.conf) reads
+  NAME  ORIGIN  CACHE  [OPTIONS]
+with ORIGIN and CACHE as VG/LV or /dev/... paths, and OPTIONS a comma list of
+block_size=SIZE, mode=MODE, KEY=VALUE tunables and noauto (skipped by --all).
+The cache is set up before the origin is touched; if it is missing, the
+origin is left alone (and its LV inactive).")]
+    Activate {
+        /// All devices in the configuration file (except noauto ones)
+        #[arg(long)]
+        all: bool,
+        names: Vec<String>,
+    },
+    /// Flush and remove configured devices, then deactivate their LVs (shutdown)
+    Deactivate {
+        /// All devices in the configuration file
+        #[arg(long)]
+        all: bool,
+        names: Vec<String>,
+        #[command(flatten)]
+        wait: WaitOpts,
+    },
+}
+
+type Action = Box<dyn FnOnce(&Ctx) -> Result<()>>;
+
+/// Check the whole command line first, so that a usage error is reported
+/// as one (exit 2) even without root or device-mapper.
+fn plan(cmd: Cmd) -> Result<Action> {
+    Ok(match cmd {
+        Cmd::Create { name, origin, cache, opts, save } => {
+            let origin = DevRef::parse(&origin).map_err(|e| usage(format!("origin: {e}")))?;
+            let cache = DevRef::parse(&cache).map_err(|e| usage(format!("cache: {e}")))?;
+            let s = Setup { name, origin, cache, options: opts.to_options()? };
+            Box::new(move |c| c.create(&s, save))
+        }
+        Cmd::Remove { name, no_flush, force, wait } => {
+            let o = wait.to_opts()?;
+            Box::new(move |c| c.remove(&name, no_flush, force, o))
+        }
+        Cmd::Status { names, json } => Box::new(move |c| c.status(&names, json)),
+        Cmd::Flush { name, wait, opts } => {
+            let o = opts.to_opts()?;
+            if !wait && (opts.timeout.is_some()) {
+                return Err(usage("--timeout only makes sense with --wait"));
+            }
+            Box::new(move |c| c.flush(&name, wait, o))
+        }
+        Cmd::Set { name, key, value, save } => Box::new(move |c| c.set(&name, &key, &value, save)),
+        Cmd::List { json } => Box::new(move |c| c.list(json)),
+        Cmd::Attach { origin, cache, name, opts, no_save } => {
+            let options = opts.to_options()?;
+            Box::new(move |c| c.attach(&origin, &cache, name.as_deref(), options, !no_save))
+        }
+        Cmd::Detach { name, split: _, uncache, wait } => {
+            let o = wait.to_opts()?;
+            let m = if uncache { DetachCache::Uncache } else { DetachCache::Split };
+            Box::new(move |c| c.detach(&name, m, o))
+        }
+        Cmd::Activate { all, names } => {
+            if all == !names.is_empty() {
+                return Err(usage("give either --all or the names of devices listed in the configuration file"));
+            }
+            Box::new(move |c| c.activate(all, &names))
+        }
+        Cmd::Deactivate { all, names, wait } => {
+            if all == !names.is_empty() {
+                return Err(usage("give either --all or the names of devices listed in the configuration file"));
+            }
+            let o = wait.to_opts()?;
+            Box::new(move |c| c.deactivate(all, &names, o))
+        }
+    })
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let action = plan(cli.cmd)?;
+    let dm = KernelDm::open()?;
+    let host = RealHost;
+    let lvm = LvmCmd;
+    let ctx = Ctx {
+        dm: &dm,
+        host: &host,
+        lvm: &lvm,
+        config_path: cli.config.clone(),
+        out: RefCell::new(Box::new(std::io::stdout())),
+        err: RefCell::new(Box::new(std::io::stderr())),
+    };
+    action(&ctx)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tiercache: {}", e.msg);
+            if let Some(h) = &e.hint {
+                eprintln!("tiercache: hint: {h}");
+            }
+            ExitCode::from(e.kind.exit_code() as u8)
+        }
+    }
+}

@@ -1,0 +1,1251 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! The commands.  Everything here goes through the `Dm`, `Host` and `Lvm`
+//! traits, so it runs against fakes in `cargo test`.
+
+use serde::Serialize;
+use std::cell::RefCell;
+use std::io::Write;
+
+use crate::config::{self, DevRef, Entry, Options};
+use crate::dm::{DevInfo, Dm, Target};
+use crate::error::{busy, failure, not_found, usage, Error, Kind, Result};
+use crate::host::{BlockDev, Host};
+use crate::lvm::{self, LvInfo, Lvm};
+use crate::progress::{self, Meter, ProgressMode};
+use crate::status::{FlushState, Mode, Status, TARGET_TYPE};
+use crate::table::{self, Key, TableSpec};
+use crate::units::{fmt_bytes, fmt_duration, fmt_pct};
+
+/// Devices made by this tool carry a DM uuid with this prefix; it survives
+/// `detach` (which swaps in a linear table) and lets `list` find them.
+pub const UUID_PREFIX: &str = "TIERCACHE-";
+
+pub struct Ctx<'a> {
+    pub dm: &'a dyn Dm,
+    pub host: &'a dyn Host,
+    pub lvm: &'a dyn Lvm,
+    pub config_path: String,
+    pub out: RefCell<Box<dyn Write + 'a>>,
+    pub err: RefCell<Box<dyn Write + 'a>>,
+}
+
+macro_rules! outln {
+    ($c:expr, $($a:tt)*) => {{ let _ = writeln!($c.out.borrow_mut(), $($a)*); }};
+}
+macro_rules! errln {
+    ($c:expr, $($a:tt)*) => {{ let _ = writeln!($c.err.borrow_mut(), $($a)*); }};
+}
+
+/// A device with an active tiercache table.
+#[derive(Clone, Debug, Serialize)]
+pub struct CacheDev {
+    pub info: DevInfo,
+    pub start: u64,
+    pub len: u64,
+    pub table: TableSpec,
+    pub status: Status,
+}
+
+#[derive(Clone, Debug)]
+pub enum DevKind {
+    Cached(Box<CacheDev>),
+    /// Made by this tool, now a linear mapping of its origin (after detach).
+    Detached { info: DevInfo, table: Vec<Target> },
+    /// Some other device-mapper device.
+    Other { info: DevInfo, table: Vec<Target> },
+}
+
+/// What `create`, `attach` and `activate` need to build a device.
+#[derive(Clone, Debug)]
+pub struct Setup {
+    pub name: String,
+    pub origin: DevRef,
+    pub cache: DevRef,
+    pub options: Options,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct FlushOpts {
+    /// Seconds; `None` waits for ever.
+    pub timeout: Option<f64>,
+    pub progress: ProgressMode,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct FlushSummary {
+    pub dirty_bytes_at_start: u64,
+    pub seconds: f64,
+    pub wb_blocks: u64,
+    pub wb_requests: u64,
+    pub wb_sectors: u64,
+    pub bridged_blocks: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DetachCache {
+    /// Keep the cache LV (the default, like --split).
+    Split,
+    /// Remove the cache LV.
+    Uncache,
+}
+
+fn uuid_for(name: &str) -> String {
+    format!("{UUID_PREFIX}{name}")
+}
+
+fn parse_devno(s: &str) -> Option<(u32, u32)> {
+    let (a, b) = s.split_once(':')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+impl<'a> Ctx<'a> {
+    // ----------------------------------------------------------------
+    // Looking devices up
+    // ----------------------------------------------------------------
+
+    pub fn classify(&self, name: &str) -> Result<Option<DevKind>> {
+        let Some(info) = self.dm.info(name)? else { return Ok(None) };
+        if !info.active_table {
+            return Ok(Some(DevKind::Other { info, table: vec![] }));
+        }
+        let table = self.dm.table(name)?;
+        if table.len() == 1 && table[0].ttype == TARGET_TYPE {
+            let t = &table[0];
+            let spec = TableSpec::parse_params(&t.params).map_err(|e| e.context(name))?;
+            let st = self.dm.status(name)?;
+            if st.len() != 1 || st[0].ttype != TARGET_TYPE {
+                return Err(Error::new(Kind::Kernel, format!("{name}: unexpected status layout")));
+            }
+            let status = Status::parse_params(&st[0].params).map_err(|e| e.context(name))?;
+            return Ok(Some(DevKind::Cached(Box::new(CacheDev {
+                start: t.start,
+                len: t.len,
+                info,
+                table: spec,
+                status,
+            }))));
+        }
+        let ours = info.uuid.as_deref().is_some_and(|u| u.starts_with(UUID_PREFIX));
+        if ours && table.iter().all(|t| t.ttype == "linear") {
+            return Ok(Some(DevKind::Detached { info, table }));
+        }
+        Ok(Some(DevKind::Other { info, table }))
+    }
+
+    /// A tiercache device, or an error that says why `name` is not one.
+    pub fn cache_dev(&self, name: &str) -> Result<CacheDev> {
+        match self.classify(name)? {
+            Some(DevKind::Cached(c)) => Ok(*c),
+            None => Err(not_found(format!("{name}: no such device"))
+                .hint("'tiercache list' shows the cached devices")),
+            Some(DevKind::Detached { .. }) => Err(not_found(format!(
+                "{name}: not a cache any more: detached, now a linear mapping of its origin"
+            ))
+            .hint(format!("remove it with 'tiercache remove {name}' once it is unused"))),
+            Some(DevKind::Other { table, .. }) => {
+                let types: Vec<&str> = table.iter().map(|t| t.ttype.as_str()).collect();
+                let what = if types.is_empty() { "no active table".to_string() } else { format!("table type {}", types.join(",")) };
+                Err(not_found(format!("{name}: not a tiercache device ({what})"))
+                    .hint("'tiercache list' shows the cached devices"))
+            }
+        }
+    }
+
+    fn cached_names(&self) -> Result<Vec<String>> {
+        let mut v = vec![];
+        for n in self.dm.list()? {
+            if let Ok(Some(DevKind::Cached(_))) = self.classify(&n) {
+                v.push(n);
+            }
+        }
+        Ok(v)
+    }
+
+    fn refresh(&self, name: &str) -> Result<(DevInfo, Status)> {
+        let info = self
+            .dm
+            .info(name)?
+            .ok_or_else(|| not_found(format!("{name}: device disappeared")))?;
+        let st = self.dm.status(name)?;
+        let t = st
+            .first()
+            .filter(|t| t.ttype == TARGET_TYPE)
+            .ok_or_else(|| failure(format!("{name}: no longer a tiercache device")))?;
+        let s = Status::parse_params(&t.params).map_err(|e| e.context(name))?;
+        Ok((info, s))
+    }
+
+    fn describe(&self, dev: &str) -> String {
+        match parse_devno(dev) {
+            Some(d) => self.host.describe_devno(d),
+            None => dev.to_string(),
+        }
+    }
+
+    // ----------------------------------------------------------------
+    // Creating
+    // ----------------------------------------------------------------
+
+    fn resolve(&self, r: &DevRef, role: &str, activate: bool) -> Result<(BlockDev, Option<LvInfo>)> {
+        match r {
+            DevRef::Path(p) => {
+                let bd = self.host.blockdev(p).map_err(|e| e.context(role))?;
+                Ok((bd, None))
+            }
+            DevRef::Lv { vg, lv } => {
+                let mut info = lvm::require_lv(self.lvm, vg, lv).map_err(|e| e.context(role))?;
+                if info.devno.is_none() {
+                    if !activate {
+                        return Err(failure(format!("{role}: logical volume {vg}/{lv} is not active"))
+                            .hint(format!("activate it: lvchange -ay {vg}/{lv}")));
+                    }
+                    self.lvm.activate(vg, lv).map_err(|e| e.context(role))?;
+                    info = lvm::require_lv(self.lvm, vg, lv)?;
+                }
+                let devno = info.devno.ok_or_else(|| {
+                    failure(format!("{role}: logical volume {vg}/{lv} did not become active"))
+                })?;
+                let size_bytes = self.host.size_of_devno(devno)?;
+                Ok((BlockDev { path: info.path.clone(), devno, size_bytes }, Some(info)))
+            }
+        }
+    }
+
+    fn check_free(&self, role: &str, r: &DevRef, bd: &BlockDev) -> Result<()> {
+        if let Some(how) = self.host.in_use(bd)? {
+            return Err(busy(format!("{role} {r} ({}) is in use: {how}", self.host.describe_devno(bd.devno)))
+                .hint("unmount it and stop whatever uses it; a cache must be the only user of its devices"));
+        }
+        Ok(())
+    }
+
+    fn ensure_target(&self) -> Result<()> {
+        let have = |s: &Self| s.dm.target_types().map(|v| v.iter().any(|t| t == TARGET_TYPE));
+        if have(self)? {
+            return Ok(());
+        }
+        self.host.modprobe("dm-tiercache");
+        if have(self)? {
+            return Ok(());
+        }
+        Err(Error::new(Kind::Kernel, "the tiercache device-mapper target is not available")
+            .hint("load the module: 'modprobe dm-tiercache' (or 'insmod dm-tiercache.ko')"))
+    }
+
+    /// Build the table for `s` and bring the device up.  LVs are activated
+    /// if `activate` (cache first: an origin is never exposed when its cache
+    /// cannot be set up).  Returns the device and the LVs used.
+    pub fn setup(&self, s: &Setup, activate: bool) -> Result<(DevInfo, Option<LvInfo>, Option<LvInfo>)> {
+        if !config::valid_name(&s.name) {
+            return Err(usage(format!(
+                "'{}' is not a valid device name (letters, digits, '+', '_', '.', '-'; not starting with '-')",
+                s.name
+            )));
+        }
+        if self.dm.info(&s.name)?.is_some() {
+            return Err(busy(format!("{}: a device-mapper device of that name already exists", s.name))
+                .hint("choose another name, or remove the existing device first"));
+        }
+        if s.origin == s.cache {
+            return Err(usage(format!("the cache may not be the origin ({})", s.origin)));
+        }
+        let (cache, cache_lv) = self.resolve(&s.cache, "cache", activate)?;
+        let (origin, origin_lv) = self.resolve(&s.origin, "origin", activate)?;
+        if origin.devno == cache.devno {
+            return Err(usage(format!(
+                "origin {} and cache {} are the same device",
+                s.origin, s.cache
+            )));
+        }
+        self.check_free("origin", &s.origin, &origin)?;
+        self.check_free("cache", &s.cache, &cache)?;
+
+        let bs = s.options.block_size;
+        let block_bytes = bs as u64 * 512;
+        let slots = cache.size_bytes / block_bytes;
+        if slots < table::MIN_CACHE_BLOCKS {
+            return Err(usage(format!(
+                "cache {} holds {} blocks of {}, at least {} are needed",
+                s.cache,
+                slots,
+                fmt_bytes(block_bytes),
+                table::MIN_CACHE_BLOCKS
+            ))
+            .hint("use a larger cache device or a smaller --block-size"));
+        }
+        let len = origin.size_bytes / 512;
+        if len == 0 {
+            return Err(usage(format!("origin {} is empty", s.origin)));
+        }
+        let mut spec = TableSpec::new(&origin.devno_str(), &cache.devno_str(), bs);
+        spec.mode = s.options.mode;
+        for (k, v) in &s.options.tunables {
+            spec.set(*k, *v);
+        }
+        spec.validate()?;
+        self.ensure_target()?;
+
+        let info = self.dm.create(&s.name, Some(&uuid_for(&s.name)))?;
+        let targets = [Target::new(0, len, TARGET_TYPE, spec.to_params())];
+        if let Err(e) = self.dm.load(&s.name, &targets) {
+            let reason = self.host.kernel_error(info.devno);
+            let _ = self.dm.remove(&s.name);
+            let mut err = Error::new(
+                if e.kind == Kind::Busy { Kind::Busy } else { Kind::Failure },
+                format!(
+                    "{}: the kernel refused the table '0 {len} {TARGET_TYPE} {}': {}",
+                    s.name,
+                    spec.to_params(),
+                    reason.clone().unwrap_or_else(|| e.msg.clone())
+                ),
+            );
+            err = err.hint(if reason.is_some() {
+                "fix the value named above".to_string()
+            } else {
+                "see 'dmesg | tail' for the reason".to_string()
+            });
+            return Err(err);
+        }
+        if let Err(e) = self.dm.resume(&s.name) {
+            let _ = self.dm.remove(&s.name);
+            return Err(e);
+        }
+        self.host.make_nodes(&s.name, info.devno)?;
+        let info = self.dm.info(&s.name)?.unwrap_or(info);
+        Ok((info, origin_lv, cache_lv))
+    }
+
+    pub fn create(&self, s: &Setup, save: bool) -> Result<()> {
+        if save {
+            self.config_check_free(&s.name)?;
+        }
+        let (info, _, _) = self.setup(s, false)?;
+        if save {
+            if let Err(e) = self.config_add(s) {
+                let _ = self.dm.remove(&s.name);
+                self.host.remove_nodes(&s.name);
+                return Err(e);
+            }
+        }
+        outln!(
+            self,
+            "{}: created /dev/mapper/{} ({}:{}), origin {}, cache {}",
+            s.name, s.name, info.devno.0, info.devno.1, s.origin, s.cache
+        );
+        Ok(())
+    }
+
+    // ----------------------------------------------------------------
+    // Configuration file
+    // ----------------------------------------------------------------
+
+    fn config_text(&self) -> Result<String> {
+        Ok(self.host.read_file(&self.config_path)?.unwrap_or_default())
+    }
+
+    pub fn config_entries(&self) -> Result<Vec<Entry>> {
+        config::parse(&self.config_path, &self.config_text()?)
+    }
+
+    fn config_check_free(&self, name: &str) -> Result<()> {
+        if self.config_entries()?.iter().any(|e| e.name == name) {
+            return Err(busy(format!("{name}: already listed in {}", self.config_path))
+                .hint("choose another name, or remove that line"));
+        }
+        Ok(())
+    }
+
+    fn config_add(&self, s: &Setup) -> Result<()> {
+        let text = self.config_text()?;
+        let e = Entry {
+            name: s.name.clone(),
+            origin: s.origin.clone(),
+            cache: s.cache.clone(),
+            options: s.options.clone(),
+            line: 0,
+        };
+        self.host.write_file(&self.config_path, &config::upsert(&text, &e))
+    }
+
+    fn config_remove(&self, name: &str) -> Result<bool> {
+        let Some(text) = self.host.read_file(&self.config_path)? else { return Ok(false) };
+        let (new, found) = config::remove(&text, name);
+        if found {
+            self.host.write_file(&self.config_path, &new)?;
+        }
+        Ok(found)
+    }
+
+    // ----------------------------------------------------------------
+    // Flushing
+    // ----------------------------------------------------------------
+
+    /// Start a full flush and, if `wait`, follow it to the end.
+    pub fn flush(&self, name: &str, wait: bool, o: FlushOpts) -> Result<()> {
+        if !wait {
+            self.cache_dev(name)?;
+            self.dm.message(name, "flush")?;
+            outln!(self, "{name}: flush started");
+            return Ok(());
+        }
+        let sum = self.flush_wait(name, o)?;
+        self.print_flush_summary(name, &sum);
+        Ok(())
+    }
+
+    pub fn print_flush_summary(&self, name: &str, s: &FlushSummary) {
+        let avg = if s.wb_requests > 0 { s.wb_sectors as f64 / 2.0 / s.wb_requests as f64 } else { 0.0 };
+        let merge = if s.wb_requests > 0 { s.wb_blocks as f64 / s.wb_requests as f64 } else { 0.0 };
+        outln!(
+            self,
+            "{name}: flushed {} in {} ({} blocks in {} origin writes, average {:.0} KiB, merge ratio {:.2}, {} bridged)",
+            fmt_bytes(s.dirty_bytes_at_start),
+            fmt_duration(s.seconds),
+            s.wb_blocks,
+            s.wb_requests,
+            avg,
+            merge,
+            s.bridged_blocks
+        );
+    }
+
+    /// Full flush, waiting for its end; progress on stderr.
+    pub fn flush_wait(&self, name: &str, o: FlushOpts) -> Result<FlushSummary> {
+        let cd = self.cache_dev(name)?;
+        let st0 = cd.status.clone();
+        let ev0 = cd.info.event_nr;
+        let t0 = self.host.now();
+        let bb = st0.block_bytes();
+        let total = st0.dirty_bytes();
+        self.dm.message(name, "flush")?;
+
+        let tty = o.progress == ProgressMode::Auto && self.host.stderr_is_tty();
+        let show = o.progress != ProgressMode::Quiet;
+        let line_every = 5.0;
+        let mut last_line = f64::NEG_INFINITY;
+        let mut meter = Meter::new(5.0);
+        let mut drew = false;
+        let mut quiet_rounds_after_event = 0;
+
+        let result = loop {
+            let (info, st) = self.refresh(name)?;
+            let now = self.host.now();
+            meter.add(now, st.wb_blocks.saturating_mul(bb));
+            let left = st.dirty_bytes();
+            let done = total.saturating_sub(left);
+
+            if show && (tty || now - last_line >= line_every) {
+                let l = progress::line(name, done, total, left, meter.rate(), tty);
+                if tty {
+                    let _ = write!(self.err.borrow_mut(), "\r\x1b[K{l}");
+                    let _ = self.err.borrow_mut().flush();
+                    drew = true;
+                } else {
+                    errln!(self, "{l}");
+                }
+                last_line = now;
+            }
+
+            if st.flushes > st0.flushes {
+                break Ok(st);
+            }
+            let ended = info.event_nr != ev0 && st.flush_state != FlushState::Flushing;
+            if ended && st.error != 0 {
+                break Err(Error::new(
+                    Kind::FlushFailed,
+                    format!(
+                        "{name}: flush failed: writeback error {}; {} still dirty",
+                        crate::error::errno_name(st.error),
+                        fmt_bytes(left)
+                    ),
+                )
+                .hint(format!(
+                    "check the origin device ({}) and the kernel log; 'tiercache flush {name}' retries",
+                    self.describe(&cd.table.origin)
+                )));
+            }
+            if ended {
+                // An event, the flush is not running, and the completion
+                // counter has not moved: give the status a few rounds.
+                quiet_rounds_after_event += 1;
+                if quiet_rounds_after_event > 10 {
+                    break Err(failure(format!(
+                        "{name}: the flush ended without completing (state {}, {} dirty, no error reported)",
+                        st.flush_state,
+                        fmt_bytes(left)
+                    ))
+                    .hint(format!("start it again: tiercache flush --wait {name}")));
+                }
+            }
+            if let Some(tmo) = o.timeout {
+                if now - t0 >= tmo {
+                    break Err(Error::new(
+                        Kind::Timeout,
+                        format!(
+                            "{name}: flush not finished after {}; {} still dirty",
+                            fmt_duration(tmo),
+                            fmt_bytes(left)
+                        ),
+                    )
+                    .hint(format!(
+                        "the flush goes on in the kernel; follow it with 'tiercache status {name}'"
+                    )));
+                }
+            }
+            let mut wait = if show { 0.25 } else { 1.0 };
+            if let Some(tmo) = o.timeout {
+                wait = f64::min(wait, (t0 + tmo - now).max(0.01));
+            }
+            self.dm.wait_event(std::time::Duration::from_secs_f64(wait))?;
+            // A fake dm returns at once; the real one may too after an
+            // unrelated event.  Never spin faster than this.
+            self.host.sleep(0.02);
+        };
+        if drew {
+            let _ = writeln!(self.err.borrow_mut());
+        }
+        let st = result?;
+        let d = |a: u64, b: u64| a.checked_sub(b).unwrap_or(a);
+        Ok(FlushSummary {
+            dirty_bytes_at_start: total,
+            seconds: self.host.now() - t0,
+            wb_blocks: d(st.wb_blocks, st0.wb_blocks),
+            wb_requests: d(st.wb_requests, st0.wb_requests),
+            wb_sectors: d(st.wb_sectors, st0.wb_sectors),
+            bridged_blocks: d(st.bridged_blocks, st0.bridged_blocks),
+        })
+    }
+
+    // ----------------------------------------------------------------
+    // Removing
+    // ----------------------------------------------------------------
+
+    /// Flush (unless `no_flush`), then remove.  Dirty data is only ever
+    /// dropped with `force`.
+    pub fn remove(&self, name: &str, no_flush: bool, force: bool, o: FlushOpts) -> Result<()> {
+        let cd = match self.classify(name)? {
+            None => {
+                return Err(not_found(format!("{name}: no such device"))
+                    .hint("'tiercache list' shows the cached devices"))
+            }
+            Some(DevKind::Detached { info, .. }) => {
+                if info.open_count > 0 {
+                    return Err(busy(format!("{name}: device is in use (open count {})", info.open_count))
+                        .hint("unmount it first"));
+                }
+                self.dm.remove(name)?;
+                self.host.remove_nodes(name);
+                let _ = self.config_remove(name);
+                outln!(self, "{name}: removed");
+                return Ok(());
+            }
+            Some(DevKind::Other { .. }) => {
+                return Err(self.cache_dev(name).unwrap_err());
+            }
+            Some(DevKind::Cached(c)) => c,
+        };
+        if cd.info.open_count > 0 {
+            return Err(busy(format!(
+                "{name}: device is in use (open count {})",
+                cd.info.open_count
+            ))
+            .hint(format!("unmount /dev/mapper/{name} and stop its users first")));
+        }
+        let mut flush_err = None;
+        if !no_flush && cd.status.dirty_blocks > 0 {
+            match self.flush_wait(name, o) {
+                Ok(s) => self.print_flush_summary(name, &s),
+                Err(e) if force && e.kind == Kind::FlushFailed => {
+                    errln!(self, "tiercache: warning: {}", e.msg);
+                    flush_err = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        // Nothing new can arrive while suspended: the count we check is the
+        // one we drop.
+        self.dm.suspend(name, true)?;
+        let (_, st) = match self.refresh(name) {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = self.dm.resume(name);
+                return Err(e);
+            }
+        };
+        if st.dirty_blocks > 0 && !force {
+            let _ = self.dm.resume(name);
+            let what = format!(
+                "{name}: refusing to remove: the cache holds {} of dirty data ({} blocks) not yet on the origin",
+                fmt_bytes(st.dirty_bytes()),
+                st.dirty_blocks
+            );
+            return Err(Error::new(Kind::Dirty, what).hint(format!(
+                "run 'tiercache flush --wait {name}' (or drop the --no-flush), or pass --force to discard it"
+            )));
+        }
+        if let Err(e) = self.dm.remove(name) {
+            let _ = self.dm.resume(name);
+            return Err(e);
+        }
+        self.host.remove_nodes(name);
+        if st.dirty_blocks > 0 {
+            errln!(
+                self,
+                "tiercache: warning: {name}: discarded {} of dirty data; the origin does not hold the latest writes",
+                fmt_bytes(st.dirty_bytes())
+            );
+        }
+        let _ = flush_err;
+        outln!(self, "{name}: removed");
+        Ok(())
+    }
+
+    // ----------------------------------------------------------------
+    // Tuning
+    // ----------------------------------------------------------------
+
+    pub fn set(&self, name: &str, key: &str, value: &str, save: bool) -> Result<()> {
+        let cd = self.cache_dev(name)?;
+        match key {
+            "mode" => {
+                let m: Mode = value
+                    .parse()
+                    .map_err(|e: String| usage(format!("invalid mode '{value}': {e}")))?;
+                if m == Mode::Passthrough && cd.status.dirty_blocks > 0 {
+                    return Err(Error::new(
+                        Kind::Dirty,
+                        format!(
+                            "{name}: cannot switch to passthrough with {} of dirty data",
+                            fmt_bytes(cd.status.dirty_bytes())
+                        ),
+                    )
+                    .hint(format!("run 'tiercache flush --wait {name}' first")));
+                }
+                let mut spec = cd.table.clone();
+                spec.mode = Some(m);
+                self.reload(&cd, &spec)?;
+            }
+            "cleaner" => {
+                if value != "on" && value != "off" {
+                    return Err(usage(format!("invalid value '{value}' for cleaner: on or off")));
+                }
+                self.dm.message(name, &format!("cleaner {value}"))?;
+            }
+            k => {
+                let key = Key::parse(k).ok_or_else(|| {
+                    usage(format!(
+                        "unknown key '{k}' (known: mode, cleaner, {})",
+                        table::key_list()
+                    ))
+                })?;
+                let n = table::check_value(key, value, cd.status.block_size)?;
+                // Cross-key rules against the live table's values.
+                let mut spec = cd.table.clone();
+                spec.set(key, n);
+                spec.validate().map_err(|e| e.context(name))?;
+                if let Err(e) = self.dm.message(name, &format!("set {key} {n}")) {
+                    let why = self.host.kernel_error(cd.info.devno);
+                    return Err(e.hint(why.unwrap_or_else(|| "see 'dmesg | tail' for the reason".into())));
+                }
+            }
+        }
+        outln!(self, "{name}: {key} = {value}");
+        if save {
+            let mut entries = self.config_entries()?;
+            let Some(e) = entries.iter_mut().find(|e| e.name == name) else {
+                return Err(not_found(format!("{name}: not listed in {}", self.config_path))
+                    .hint("--save only updates devices listed there (tiercache attach or create --save)"));
+            };
+            match key {
+                "mode" => e.options.mode = Some(value.parse().unwrap()),
+                "cleaner" => {}
+                k => {
+                    let key = Key::parse(k).unwrap();
+                    let n: u64 = value.parse().unwrap();
+                    e.options.tunables.retain(|(kk, _)| *kk != key);
+                    e.options.tunables.push((key, n));
+                }
+            }
+            let text = self.config_text()?;
+            self.host.write_file(&self.config_path, &config::upsert(&text, e))?;
+        }
+        Ok(())
+    }
+
+    fn reload(&self, cd: &CacheDev, spec: &TableSpec) -> Result<()> {
+        let name = &cd.info.name;
+        spec.validate()?;
+        let t = [Target::new(cd.start, cd.len, TARGET_TYPE, spec.to_params())];
+        if let Err(e) = self.dm.load(name, &t) {
+            let why = self.host.kernel_error(cd.info.devno);
+            let _ = self.dm.clear_inactive(name);
+            return Err(failure(format!(
+                "{name}: the kernel refused the new table: {}",
+                why.unwrap_or(e.msg)
+            )));
+        }
+        if let Err(e) = self.dm.suspend(name, true) {
+            let _ = self.dm.clear_inactive(name);
+            return Err(e);
+        }
+        if let Err(e) = self.dm.resume(name) {
+            return Err(e.hint(format!("the device may be left suspended; try 'dmsetup resume {name}'")));
+        }
+        Ok(())
+    }
+
+    // ----------------------------------------------------------------
+    // Status and list
+    // ----------------------------------------------------------------
+
+    pub fn status_json(&self, cd: &CacheDev) -> serde_json::Value {
+        let s = &cd.status;
+        serde_json::json!({
+            "name": cd.info.name,
+            "uuid": cd.info.uuid,
+            "device": format!("/dev/mapper/{}", cd.info.name),
+            "devno": format!("{}:{}", cd.info.devno.0, cd.info.devno.1),
+            "size_bytes": cd.len * 512,
+            "open_count": cd.info.open_count,
+            "suspended": cd.info.suspended,
+            "origin": { "dev": cd.table.origin, "name": self.describe(&cd.table.origin) },
+            "cache": { "dev": cd.table.cache, "name": self.describe(&cd.table.cache) },
+            "table": cd.table,
+            "status": s,
+            "block_bytes": s.block_bytes(),
+            "cache_bytes": s.cache_bytes(),
+            "used_bytes": s.used_bytes(),
+            "used_percent": round2(s.used_pct()),
+            "dirty_bytes": s.dirty_bytes(),
+            "dirty_percent": round2(s.dirty_pct()),
+            "read_hit_ratio": s.read_hit_ratio().map(round4),
+            "write_hit_ratio": s.write_hit_ratio().map(round4),
+            "error_name": if s.error != 0 { Some(crate::error::errno_name(s.error)) } else { None },
+        })
+    }
+
+    pub fn status_text(&self, cd: &CacheDev) -> String {
+        let s = &cd.status;
+        let mut o = String::new();
+        let name = &cd.info.name;
+        let pct = |r: Option<f64>| r.map(|x| format!("{:.1}%", x * 100.0)).unwrap_or("--".into());
+        o += &format!(
+            "{name}: {} cache of {} ({}:{}){}\n",
+            s.mode,
+            fmt_bytes(cd.len * 512),
+            cd.info.devno.0,
+            cd.info.devno.1,
+            if cd.info.suspended { ", SUSPENDED" } else { "" }
+        );
+        o += &format!("  origin:     {}\n", self.describe(&cd.table.origin));
+        o += &format!(
+            "  cache:      {}, {} in {} blocks of {}\n",
+            self.describe(&cd.table.cache),
+            fmt_bytes(s.cache_bytes()),
+            s.total_blocks,
+            fmt_bytes(s.block_bytes())
+        );
+        o += &format!(
+            "  usage:      {} used ({} of {} blocks, {})\n",
+            fmt_bytes(s.used_bytes()),
+            s.used_blocks,
+            s.total_blocks,
+            fmt_pct(s.used_blocks, s.total_blocks)
+        );
+        o += &format!(
+            "  dirty:      {} ({} blocks, {} of the cache)\n",
+            fmt_bytes(s.dirty_bytes()),
+            s.dirty_blocks,
+            fmt_pct(s.dirty_blocks, s.total_blocks)
+        );
+        o += &format!(
+            "  reads:      {} hit, {} hits, {} misses\n",
+            pct(s.read_hit_ratio()),
+            s.read_hits,
+            s.read_misses
+        );
+        o += &format!(
+            "  writes:     {} hit, {} hits, {} misses, {} bypassed\n",
+            pct(s.write_hit_ratio()),
+            s.write_hits,
+            s.write_misses,
+            s.write_bypass
+        );
+        let state = match s.flush_state {
+            FlushState::Flushing => format!("flushing (full flush, {} left)", fmt_bytes(s.dirty_bytes())),
+            FlushState::Background => format!("background writeback ({} dirty)", fmt_bytes(s.dirty_bytes())),
+            FlushState::Cleaning => format!("cleaning ({} left)", fmt_bytes(s.dirty_bytes())),
+            FlushState::Idle => "idle".into(),
+        };
+        o += &format!(
+            "  writeback:  {state}{}; {} full flushes completed\n",
+            if s.cleaner { ", cleaner on" } else { "" },
+            s.flushes
+        );
+        o += &format!(
+            "  written:    {} blocks in {} origin writes ({}), {} bridged blocks\n",
+            s.wb_blocks,
+            s.wb_requests,
+            fmt_bytes(s.wb_sectors * 512),
+            s.bridged_blocks
+        );
+        o += &format!(
+            "  efficiency: average origin write {} KiB, merge ratio {:.2}, up to {} writes in flight\n",
+            trim_dec(s.avg_write_kb),
+            s.merge_ratio,
+            s.inflight_max
+        );
+        o += &format!(
+            "  error:      {}\n",
+            if s.error == 0 {
+                "none".to_string()
+            } else {
+                format!(
+                    "{} (writeback failed; blocks stay dirty; 'tiercache flush {name}' retries)",
+                    crate::error::errno_name(s.error)
+                )
+            }
+        );
+        let tun: Vec<String> = cd.table.options.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        if !tun.is_empty() {
+            o += &format!("  tunables:   {}\n", tun.join(" "));
+        }
+        if !s.extra.is_empty() {
+            o += &format!("  (newer module: {} more status fields not shown)\n", s.extra.len());
+        }
+        o
+    }
+
+    pub fn status(&self, names: &[String], json: bool) -> Result<()> {
+        let names = if names.is_empty() { self.cached_names()? } else { names.to_vec() };
+        let mut devs = vec![];
+        for n in &names {
+            devs.push(self.cache_dev(n)?);
+        }
+        if json {
+            let v: Vec<_> = devs.iter().map(|d| self.status_json(d)).collect();
+            outln!(self, "{}", serde_json::to_string_pretty(&v).unwrap());
+        } else {
+            if devs.is_empty() {
+                errln!(self, "no tiercache devices");
+            }
+            let texts: Vec<String> = devs.iter().map(|d| self.status_text(d)).collect();
+            let _ = write!(self.out.borrow_mut(), "{}", texts.join("\n"));
+        }
+        Ok(())
+    }
+
+    pub fn list(&self, json: bool) -> Result<()> {
+        let mut rows: Vec<serde_json::Value> = vec![];
+        for n in self.dm.list()? {
+            match self.classify(&n) {
+                Ok(Some(DevKind::Cached(c))) => {
+                    let s = &c.status;
+                    rows.push(serde_json::json!({
+                        "name": n, "state": "cached", "mode": s.mode.as_str(),
+                        "size_bytes": c.len * 512,
+                        "origin": self.describe(&c.table.origin),
+                        "cache": self.describe(&c.table.cache),
+                        "cache_bytes": s.cache_bytes(), "used_bytes": s.used_bytes(),
+                        "dirty_bytes": s.dirty_bytes(), "flush_state": s.flush_state.as_str(),
+                        "error": s.error,
+                    }));
+                }
+                Ok(Some(DevKind::Detached { table, .. })) => {
+                    let origin = table
+                        .first()
+                        .and_then(|t| t.params.split_whitespace().next())
+                        .map(|d| self.describe(d))
+                        .unwrap_or_default();
+                    let size: u64 = table.iter().map(|t| t.len).sum::<u64>() * 512;
+                    rows.push(serde_json::json!({
+                        "name": n, "state": "detached", "mode": "linear", "size_bytes": size,
+                        "origin": origin, "cache": null, "cache_bytes": 0, "used_bytes": 0,
+                        "dirty_bytes": 0, "flush_state": null, "error": 0,
+                    }));
+                }
+                Ok(_) => {}
+                Err(e) => errln!(self, "tiercache: warning: {}", e.msg),
+            }
+        }
+        if json {
+            outln!(self, "{}", serde_json::to_string_pretty(&rows).unwrap());
+            return Ok(());
+        }
+        let mut lines = vec![[
+            "NAME".to_string(), "STATE".into(), "MODE".into(), "SIZE".into(), "CACHE".into(),
+            "USED".into(), "DIRTY".into(), "FLUSH".into(), "ORIGIN".into(), "CACHE DEVICE".into(),
+        ]];
+        for r in &rows {
+            let s = |k: &str| r[k].as_str().unwrap_or("-").to_string();
+            let b = |k: &str| fmt_bytes(r[k].as_u64().unwrap_or(0));
+            let cached = r["state"] == "cached";
+            lines.push([
+                s("name"),
+                s("state"),
+                s("mode"),
+                b("size_bytes"),
+                if cached { b("cache_bytes") } else { "-".into() },
+                if cached { b("used_bytes") } else { "-".into() },
+                if cached { b("dirty_bytes") } else { "-".into() },
+                if cached { if r["error"].as_i64() != Some(0) { "ERROR".into() } else { s("flush_state") } } else { "-".into() },
+                s("origin"),
+                s("cache"),
+            ]);
+        }
+        let mut w = [0usize; 10];
+        for l in &lines {
+            for (i, c) in l.iter().enumerate() {
+                w[i] = w[i].max(c.len());
+            }
+        }
+        for l in &lines {
+            let mut t = String::new();
+            for (i, c) in l.iter().enumerate() {
+                if i == l.len() - 1 {
+                    t += c;
+                } else {
+                    t += &format!("{c:<width$}  ", width = w[i]);
+                }
+            }
+            outln!(self, "{}", t.trim_end());
+        }
+        Ok(())
+    }
+
+    // ----------------------------------------------------------------
+    // LVM: attach and detach
+    // ----------------------------------------------------------------
+
+    fn lv_ref(s: &str, what: &str) -> Result<(String, String)> {
+        match DevRef::parse(s) {
+            Ok(DevRef::Lv { vg, lv }) => Ok((vg, lv)),
+            _ => Err(usage(format!("{what} '{s}' is not a logical volume name of the form VG/LV"))),
+        }
+    }
+
+    pub fn attach(&self, origin: &str, cache: &str, name: Option<&str>, options: Options, save: bool) -> Result<()> {
+        let (ovg, olv) = Self::lv_ref(origin, "origin")?;
+        let (cvg, clv) = Self::lv_ref(cache, "--cache")?;
+        let oinfo = lvm::require_lv(self.lvm, &ovg, &olv)?;
+        let cinfo = lvm::require_lv(self.lvm, &cvg, &clv)?;
+        for (i, role) in [(&oinfo, "origin"), (&cinfo, "cache")] {
+            if i.has_tag(lvm::TAG_ORIGIN) || i.has_tag(lvm::TAG_CACHE) {
+                return Err(busy(format!("{role} {} is already part of a cached device", i.full_name()))
+                    .hint("'tiercache list' shows it; detach it first"));
+            }
+        }
+        let name = name.unwrap_or(&olv).to_string();
+        let s = Setup {
+            name: name.clone(),
+            origin: DevRef::Lv { vg: ovg.clone(), lv: olv.clone() },
+            cache: DevRef::Lv { vg: cvg.clone(), lv: clv.clone() },
+            options,
+        };
+        if save {
+            self.config_check_free(&name)?;
+        }
+        self.setup(&s, true)?;
+        let undo = |ctx: &Self| {
+            let _ = ctx.dm.remove(&name);
+            ctx.host.remove_nodes(&name);
+            let _ = ctx.lvm.mark(&ovg, &olv, lvm::TAG_ORIGIN, false);
+            let _ = ctx.lvm.mark(&cvg, &clv, lvm::TAG_CACHE, false);
+        };
+        // Hide the pair from LVM autoactivation: from now on the origin is
+        // only ever activated together with its cache ('tiercache activate').
+        for (vg, lv, tag) in [(&ovg, &olv, lvm::TAG_ORIGIN), (&cvg, &clv, lvm::TAG_CACHE)] {
+            if let Err(e) = self.lvm.mark(vg, lv, tag, true) {
+                undo(self);
+                return Err(e.context(&name));
+            }
+        }
+        if save {
+            if let Err(e) = self.config_add(&s) {
+                undo(self);
+                return Err(e);
+            }
+        }
+        outln!(
+            self,
+            "{name}: {}/{} cached on {}/{}; use /dev/tiercache/{name} (/dev/mapper/{name})",
+            ovg, olv, cvg, clv
+        );
+        Ok(())
+    }
+
+    fn lv_of(&self, dev: &str) -> Option<LvInfo> {
+        let d = parse_devno(dev)?;
+        self.lvm.all().ok()?.into_iter().find(|l| l.devno == Some(d))
+    }
+
+    /// Wait until the cleaner has drained every dirty block.
+    fn drain(&self, name: &str, o: FlushOpts) -> Result<()> {
+        let t0 = self.host.now();
+        loop {
+            let (_, st) = self.refresh(name)?;
+            if st.dirty_blocks == 0 {
+                return Ok(());
+            }
+            if st.error != 0 {
+                return Err(Error::new(
+                    Kind::FlushFailed,
+                    format!("{name}: writeback error {} while draining", crate::error::errno_name(st.error)),
+                ));
+            }
+            if let Some(t) = o.timeout {
+                if self.host.now() - t0 > t {
+                    return Err(Error::new(Kind::Timeout, format!("{name}: dirty data did not drain in time")));
+                }
+            }
+            self.dm.wait_event(std::time::Duration::from_millis(200))?;
+            self.host.sleep(0.02);
+        }
+    }
+
+    /// Flush, then swap the table to a linear mapping of the origin while
+    /// the device stays open, then release the cache.
+    pub fn detach(&self, name: &str, mode: DetachCache, o: FlushOpts) -> Result<()> {
+        let cd = self.cache_dev(name)?;
+        let origin_dev = cd.table.origin.clone();
+        let cache_dev = cd.table.cache.clone();
+        let origin_lv = self.lv_of(&origin_dev);
+        let cache_lv = self.lv_of(&cache_dev);
+        if mode == DetachCache::Uncache && cache_lv.is_none() {
+            return Err(usage(format!(
+                "{name}: --uncache removes the cache LV, but the cache {} is not a logical volume",
+                self.describe(&cache_dev)
+            )));
+        }
+
+        let sum = self.flush_wait(name, o)?;
+        self.print_flush_summary(name, &sum);
+
+        // From here on writes go to the origin and nothing new turns dirty.
+        self.dm.message(name, "cleaner on")?;
+        let linear = [Target::new(cd.start, cd.len, "linear", table::linear_params(&origin_dev))];
+        let mut swapped = false;
+        let mut last_err = None;
+        for _attempt in 0..3 {
+            if let Err(e) = self.drain(name, o) {
+                last_err = Some(e);
+                break;
+            }
+            if let Err(e) = self.dm.load(name, &linear) {
+                let why = self.host.kernel_error(cd.info.devno);
+                let _ = self.dm.clear_inactive(name);
+                last_err = Some(failure(format!(
+                    "{name}: cannot load the linear table: {}",
+                    why.unwrap_or(e.msg)
+                )));
+                break;
+            }
+            // Suspend with flush: in-flight IO completes, new IO is held.
+            if let Err(e) = self.dm.suspend(name, true) {
+                let _ = self.dm.clear_inactive(name);
+                last_err = Some(e);
+                break;
+            }
+            let (_, st) = match self.refresh(name) {
+                Ok(x) => x,
+                Err(e) => {
+                    let _ = self.dm.clear_inactive(name);
+                    let _ = self.dm.resume(name);
+                    last_err = Some(e);
+                    break;
+                }
+            };
+            if st.dirty_blocks > 0 {
+                // Written while we loaded the table: drop it, go around.
+                let _ = self.dm.clear_inactive(name);
+                self.dm.resume(name)?;
+                continue;
+            }
+            self.dm.resume(name)?;
+            swapped = true;
+            break;
+        }
+        if !swapped {
+            let _ = self.dm.message(name, "cleaner off");
+            return Err(last_err.unwrap_or_else(|| {
+                failure(format!("{name}: new dirty data kept arriving; the cache stays attached"))
+                    .hint("retry when the device is less busy")
+            }));
+        }
+
+        // The cache device is released now; undo the LVM markings.
+        let mut warn = vec![];
+        if let Some(l) = &origin_lv {
+            if let Err(e) = self.lvm.mark(&l.vg, &l.lv, lvm::TAG_ORIGIN, false) {
+                warn.push(e.msg);
+            }
+        }
+        let mut cache_note = format!("cache {} released", self.describe(&cache_dev));
+        if let Some(l) = &cache_lv {
+            if let Err(e) = self.lvm.mark(&l.vg, &l.lv, lvm::TAG_CACHE, false) {
+                warn.push(e.msg);
+            }
+            cache_note = format!("cache LV {} kept", l.full_name());
+            if mode == DetachCache::Uncache {
+                match self.lvm.remove(&l.vg, &l.lv) {
+                    Ok(()) => cache_note = format!("cache LV {} removed", l.full_name()),
+                    Err(e) => warn.push(e.msg),
+                }
+            }
+        }
+        if let Err(e) = self.config_remove(name) {
+            warn.push(e.msg);
+        }
+        for w in &warn {
+            errln!(self, "tiercache: warning: {name}: {w}");
+        }
+        let origin_name = origin_lv.map(|l| l.full_name()).unwrap_or_else(|| self.describe(&origin_dev));
+        outln!(
+            self,
+            "{name}: detached: /dev/mapper/{name} now maps {origin_name} directly; {cache_note}"
+        );
+        outln!(
+            self,
+            "{name}: when it is no longer in use, 'tiercache remove {name}' drops the mapping"
+        );
+        if !warn.is_empty() {
+            return Err(failure(format!("{name}: detached, but cleaning up failed (see warnings)")));
+        }
+        Ok(())
+    }
+
+    // ----------------------------------------------------------------
+    // Boot-time activation
+    // ----------------------------------------------------------------
+
+    fn select<'e>(&self, entries: &'e [Entry], all: bool, names: &[String]) -> Result<Vec<&'e Entry>> {
+        if all && !names.is_empty() {
+            return Err(usage("give either --all or device names, not both"));
+        }
+        if !all && names.is_empty() {
+            return Err(usage("give --all or the names of devices listed in the configuration"));
+        }
+        if all {
+            return Ok(entries.iter().filter(|e| !e.options.noauto).collect());
+        }
+        names
+            .iter()
+            .map(|n| {
+                entries.iter().find(|e| &e.name == n).ok_or_else(|| {
+                    not_found(format!("{n}: not listed in {}", self.config_path))
+                        .hint("'tiercache attach' or 'tiercache create --save' adds devices there")
+                })
+            })
+            .collect()
+    }
+
+    pub fn activate(&self, all: bool, names: &[String]) -> Result<()> {
+        let entries = self.config_entries()?;
+        let sel = self.select(&entries, all, names)?;
+        let mut first_err: Option<Error> = None;
+        for e in sel {
+            let r = self.activate_one(e);
+            if let Err(err) = r {
+                errln!(self, "tiercache: {}", err);
+                first_err.get_or_insert(err);
+            }
+        }
+        match first_err {
+            Some(e) => Err(Error::new(e.kind, "some devices could not be activated (see above)")),
+            None => Ok(()),
+        }
+    }
+
+    fn activate_one(&self, e: &Entry) -> Result<()> {
+        match self.classify(&e.name)? {
+            Some(DevKind::Cached(_)) => {
+                outln!(self, "{}: already active", e.name);
+                return Ok(());
+            }
+            Some(_) => {
+                return Err(busy(format!(
+                    "{}: a device-mapper device of that name exists and is not a tiercache device",
+                    e.name
+                )))
+            }
+            None => {}
+        }
+        let s = Setup {
+            name: e.name.clone(),
+            origin: e.origin.clone(),
+            cache: e.cache.clone(),
+            options: e.options.clone(),
+        };
+        match self.setup(&s, true) {
+            Ok((info, _, _)) => {
+                outln!(self, "{}: activated ({}:{})", e.name, info.devno.0, info.devno.1);
+                Ok(())
+            }
+            Err(err) => {
+                // Do not leave an origin LV exposed without its cache.
+                if let DevRef::Lv { vg, lv } = &e.origin {
+                    if let Ok(Some(l)) = self.lvm.lv(vg, lv) {
+                        if l.active && l.has_tag(lvm::TAG_ORIGIN) {
+                            let _ = self.lvm.deactivate(vg, lv);
+                        }
+                    }
+                }
+                Err(err.context(&format!("{}:{}", self.config_path, e.line)))
+            }
+        }
+    }
+
+    /// Flush and remove configured devices (shutdown), then deactivate the
+    /// LVs so that the origin is not left exposed.
+    pub fn deactivate(&self, all: bool, names: &[String], o: FlushOpts) -> Result<()> {
+        let entries = self.config_entries()?;
+        let sel: Vec<&Entry> = if all {
+            entries.iter().collect()
+        } else {
+            self.select(&entries, false, names)?
+        };
+        let mut first_err: Option<Error> = None;
+        for e in sel {
+            match self.classify(&e.name) {
+                Ok(None) => continue,
+                Ok(Some(DevKind::Cached(_))) | Ok(Some(DevKind::Detached { .. })) => {}
+                Ok(Some(_)) => continue,
+                Err(err) => {
+                    errln!(self, "tiercache: {err}");
+                    first_err.get_or_insert(err);
+                    continue;
+                }
+            }
+            if let Err(err) = self.remove(&e.name, false, false, o) {
+                errln!(self, "tiercache: {err}");
+                first_err.get_or_insert(err);
+                continue;
+            }
+            for r in [&e.cache, &e.origin] {
+                if let DevRef::Lv { vg, lv } = r {
+                    if let Err(err) = self.lvm.deactivate(vg, lv) {
+                        errln!(self, "tiercache: warning: {}: {}", e.name, err.msg);
+                    }
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(Error::new(e.kind, "some devices could not be deactivated (see above)")),
+            None => Ok(()),
+        }
+    }
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+fn round4(x: f64) -> f64 {
+    (x * 10000.0).round() / 10000.0
+}
+fn trim_dec(x: f64) -> String {
+    if x.fract() == 0.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.2}")
+    }
+}

@@ -1,0 +1,459 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! Typed decoding of the tiercache status line (docs/tiercache.rst, "Status").
+//!
+//! Policy: the kernel documents that fields are only ever appended.  The
+//! parser therefore requires at least the 20 documented fields, checks each
+//! of them strictly (a field it cannot decode is an error naming the field
+//! number, its name and the offending text), and keeps any further fields
+//! verbatim in `extra` without interpreting them.  Fewer than 20 fields, an
+//! unknown mode or flush state, or a malformed number is rejected.
+
+use serde::Serialize;
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::{Error, Kind, Result};
+
+pub const TARGET_TYPE: &str = "tiercache";
+/// Number of fields documented in docs/tiercache.rst.
+pub const NR_FIELDS: usize = 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Writeback,
+    Writethrough,
+    Passthrough,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Writeback => "writeback",
+            Mode::Writethrough => "writethrough",
+            Mode::Passthrough => "passthrough",
+        }
+    }
+}
+
+impl FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "writeback" => Ok(Mode::Writeback),
+            "writethrough" => Ok(Mode::Writethrough),
+            "passthrough" => Ok(Mode::Passthrough),
+            _ => Err("expected writeback, writethrough or passthrough".into()),
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlushState {
+    Idle,
+    Flushing,
+    Background,
+    Cleaning,
+}
+
+impl FlushState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FlushState::Idle => "idle",
+            FlushState::Flushing => "flushing",
+            FlushState::Background => "background",
+            FlushState::Cleaning => "cleaning",
+        }
+    }
+}
+
+impl FromStr for FlushState {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "idle" => Ok(FlushState::Idle),
+            "flushing" => Ok(FlushState::Flushing),
+            "background" => Ok(FlushState::Background),
+            "cleaning" => Ok(FlushState::Cleaning),
+            _ => Err("expected idle, flushing, background or cleaning".into()),
+        }
+    }
+}
+
+impl fmt::Display for FlushState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One decoded status line.  Counters are exactly as the kernel printed them.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Status {
+    pub mode: Mode,
+    /// Sectors per block.
+    pub block_size: u32,
+    pub used_blocks: u64,
+    pub total_blocks: u64,
+    pub dirty_blocks: u64,
+    pub read_hits: u64,
+    pub read_misses: u64,
+    pub write_hits: u64,
+    pub write_misses: u64,
+    pub write_bypass: u64,
+    pub flush_state: FlushState,
+    pub wb_blocks: u64,
+    pub wb_requests: u64,
+    pub wb_sectors: u64,
+    pub avg_write_kb: f64,
+    pub merge_ratio: f64,
+    pub bridged_blocks: u64,
+    pub inflight_max: u64,
+    /// 0, or a negative errno.
+    pub error: i32,
+    pub flushes: u64,
+    pub cleaner: bool,
+    /// Fields after the 20th, from a newer module; kept, not interpreted.
+    pub extra: Vec<String>,
+}
+
+const FIELD_NAMES: [&str; NR_FIELDS] = [
+    "mode",
+    "block_size",
+    "used/total",
+    "dirty",
+    "read_hits",
+    "read_misses",
+    "write_hits",
+    "write_misses",
+    "write_bypass",
+    "flush_state",
+    "wb_blocks",
+    "wb_requests",
+    "wb_sectors",
+    "avg_write_kb",
+    "merge_ratio",
+    "bridged_blocks",
+    "inflight_max",
+    "error",
+    "flushes",
+    "cleaner",
+];
+
+fn kerr(msg: String) -> Error {
+    Error::new(Kind::Kernel, msg).hint(
+        "the tiercache tool and the dm-tiercache module do not agree on the status \
+         format; use a tool built from the same tree as the module",
+    )
+}
+
+fn field_err(idx: usize, text: &str, why: &str) -> Error {
+    kerr(format!(
+        "status field {} ({}): cannot decode '{}': {}",
+        idx + 1,
+        FIELD_NAMES[idx],
+        text,
+        why
+    ))
+}
+
+fn num_u64(idx: usize, s: &str) -> Result<u64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(field_err(idx, s, "expected an unsigned decimal number"));
+    }
+    s.parse::<u64>().map_err(|_| field_err(idx, s, "number out of range"))
+}
+
+/// Unsigned decimal with an optional fraction: `256`, `256.00`.
+fn num_dec(idx: usize, s: &str) -> Result<f64> {
+    let mut parts = s.splitn(2, '.');
+    let int = parts.next().unwrap_or("");
+    let frac = parts.next();
+    let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+    if !digits(int) || frac.is_some_and(|f| !digits(f)) {
+        return Err(field_err(idx, s, "expected a decimal number such as 256.00"));
+    }
+    s.parse::<f64>().map_err(|_| field_err(idx, s, "number out of range"))
+}
+
+impl Status {
+    /// Decode the target parameters of a status line, i.e. what follows
+    /// `<start> <len> tiercache`.
+    pub fn parse_params(params: &str) -> Result<Status> {
+        let f: Vec<&str> = params.split_ascii_whitespace().collect();
+        if f.len() < NR_FIELDS {
+            return Err(kerr(format!(
+                "status line has {} fields, expected at least {}: '{}'",
+                f.len(),
+                NR_FIELDS,
+                params.trim()
+            )));
+        }
+        let mode = f[0].parse().map_err(|e: String| field_err(0, f[0], &e))?;
+        let block_size = num_u64(1, f[1])?;
+        if !(8..=2048).contains(&block_size) || !block_size.is_power_of_two() {
+            return Err(field_err(1, f[1], "not a power of two from 8 to 2048"));
+        }
+        let (used, total) = f[2]
+            .split_once('/')
+            .ok_or_else(|| field_err(2, f[2], "expected <used>/<total>"))?;
+        let used_blocks = num_u64(2, used)?;
+        let total_blocks = num_u64(2, total)?;
+        if total_blocks == 0 {
+            return Err(field_err(2, f[2], "the cache has no slots"));
+        }
+        let flush_state = f[9].parse().map_err(|e: String| field_err(9, f[9], &e))?;
+        let error = {
+            let s = f[17];
+            let ok = s == "0"
+                || (s.len() > 1
+                    && s.starts_with('-')
+                    && s[1..].bytes().all(|b| b.is_ascii_digit())
+                    && !s[1..].starts_with('0'));
+            if !ok {
+                return Err(field_err(17, s, "expected 0 or a negative errno"));
+            }
+            s.parse::<i32>().map_err(|_| field_err(17, s, "number out of range"))?
+        };
+        let cleaner = match f[19] {
+            "0" => false,
+            "1" => true,
+            s => return Err(field_err(19, s, "expected 0 or 1")),
+        };
+        Ok(Status {
+            mode,
+            block_size: block_size as u32,
+            used_blocks,
+            total_blocks,
+            dirty_blocks: num_u64(3, f[3])?,
+            read_hits: num_u64(4, f[4])?,
+            read_misses: num_u64(5, f[5])?,
+            write_hits: num_u64(6, f[6])?,
+            write_misses: num_u64(7, f[7])?,
+            write_bypass: num_u64(8, f[8])?,
+            flush_state,
+            wb_blocks: num_u64(10, f[10])?,
+            wb_requests: num_u64(11, f[11])?,
+            wb_sectors: num_u64(12, f[12])?,
+            avg_write_kb: num_dec(13, f[13])?,
+            merge_ratio: num_dec(14, f[14])?,
+            bridged_blocks: num_u64(15, f[15])?,
+            inflight_max: num_u64(16, f[16])?,
+            error,
+            flushes: num_u64(18, f[18])?,
+            cleaner,
+            extra: f[NR_FIELDS..].iter().map(|s| s.to_string()).collect(),
+        })
+    }
+
+    /// Decode a whole line as printed by `dmsetup status`:
+    /// `<start> <len> tiercache <fields>`.
+    pub fn parse_line(line: &str) -> Result<(u64, u64, Status)> {
+        let mut rest = line.trim();
+        let mut word = || {
+            let w = rest.split_ascii_whitespace().next().unwrap_or("");
+            rest = rest[w.len()..].trim_start();
+            w
+        };
+        let start = word();
+        let len = word();
+        let ty = word();
+        let start: u64 = start
+            .parse()
+            .map_err(|_| kerr(format!("status line does not start with <start> <len>: '{line}'")))?;
+        let len: u64 = len
+            .parse()
+            .map_err(|_| kerr(format!("status line does not start with <start> <len>: '{line}'")))?;
+        if ty != TARGET_TYPE {
+            return Err(Error::new(
+                Kind::Kernel,
+                format!("target type is '{ty}', not '{TARGET_TYPE}'"),
+            ));
+        }
+        Ok((start, len, Status::parse_params(rest)?))
+    }
+
+    pub fn block_bytes(&self) -> u64 {
+        self.block_size as u64 * crate::units::SECTOR
+    }
+    pub fn dirty_bytes(&self) -> u64 {
+        self.dirty_blocks * self.block_bytes()
+    }
+    pub fn used_bytes(&self) -> u64 {
+        self.used_blocks * self.block_bytes()
+    }
+    pub fn cache_bytes(&self) -> u64 {
+        self.total_blocks * self.block_bytes()
+    }
+    /// Dirty share of all cache slots, in percent (what the watermarks use).
+    pub fn dirty_pct(&self) -> f64 {
+        self.dirty_blocks as f64 * 100.0 / self.total_blocks as f64
+    }
+    pub fn used_pct(&self) -> f64 {
+        self.used_blocks as f64 * 100.0 / self.total_blocks as f64
+    }
+    pub fn read_hit_ratio(&self) -> Option<f64> {
+        ratio(self.read_hits, self.read_hits + self.read_misses)
+    }
+    /// Write hits over all write bios (hits, misses and bypassed ones).
+    pub fn write_hit_ratio(&self) -> Option<f64> {
+        ratio(self.write_hits, self.write_hits + self.write_misses + self.write_bypass)
+    }
+}
+
+fn ratio(a: u64, b: u64) -> Option<f64> {
+    if b == 0 {
+        None
+    } else {
+        Some(a as f64 / b as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DOC_EXAMPLE: &str = "0 65536 tiercache writeback 8 8192/131072 0 0 0 0 8192 0 idle \
+                               8192 32 65536 1024 256.00 0 32 0 1 0";
+
+    #[test]
+    fn documented_example() {
+        let (start, len, s) = Status::parse_line(DOC_EXAMPLE).unwrap();
+        assert_eq!((start, len), (0, 65536));
+        assert_eq!(s.mode, Mode::Writeback);
+        assert_eq!(s.block_size, 8);
+        assert_eq!((s.used_blocks, s.total_blocks), (8192, 131072));
+        assert_eq!(s.dirty_blocks, 0);
+        assert_eq!(s.write_misses, 8192);
+        assert_eq!(s.flush_state, FlushState::Idle);
+        assert_eq!((s.wb_blocks, s.wb_requests, s.wb_sectors), (8192, 32, 65536));
+        assert_eq!(s.avg_write_kb, 1024.0);
+        assert_eq!(s.merge_ratio, 256.0);
+        assert_eq!(s.bridged_blocks, 0);
+        assert_eq!(s.inflight_max, 32);
+        assert_eq!(s.error, 0);
+        assert_eq!(s.flushes, 1);
+        assert!(!s.cleaner);
+        assert!(s.extra.is_empty());
+        assert_eq!(s.cache_bytes(), 512 << 20);
+        assert_eq!(s.read_hit_ratio(), None);
+        assert_eq!(s.write_hit_ratio(), Some(0.0));
+    }
+
+    fn params(over: &[(usize, &str)]) -> String {
+        let mut f: Vec<String> = DOC_EXAMPLE.split_whitespace().skip(3).map(String::from).collect();
+        for (i, v) in over {
+            f[*i - 1] = v.to_string();
+        }
+        f.join(" ")
+    }
+
+    #[test]
+    fn all_values() {
+        let s = Status::parse_params(&params(&[
+            (1, "writethrough"),
+            (2, "2048"),
+            (4, "17"),
+            (10, "flushing"),
+            (15, "1.5"),
+            (18, "-5"),
+            (20, "1"),
+        ]))
+        .unwrap();
+        assert_eq!(s.mode, Mode::Writethrough);
+        assert_eq!(s.block_size, 2048);
+        assert_eq!(s.dirty_bytes(), 17 << 20);
+        assert_eq!(s.flush_state, FlushState::Flushing);
+        assert_eq!(s.merge_ratio, 1.5);
+        assert_eq!(s.error, -5);
+        assert!(s.cleaner);
+        for st in ["idle", "flushing", "background", "cleaning"] {
+            assert_eq!(Status::parse_params(&params(&[(10, st)])).unwrap().flush_state.as_str(), st);
+        }
+        for m in ["writeback", "writethrough", "passthrough"] {
+            assert_eq!(Status::parse_params(&params(&[(1, m)])).unwrap().mode.as_str(), m);
+        }
+    }
+
+    #[test]
+    fn extra_fields_are_kept_not_interpreted() {
+        let p = format!("{} 42 future-word", params(&[]));
+        let s = Status::parse_params(&p).unwrap();
+        assert_eq!(s.extra, vec!["42", "future-word"]);
+    }
+
+    #[test]
+    fn too_few_fields() {
+        let p: Vec<&str> = DOC_EXAMPLE.split_whitespace().skip(3).take(19).collect();
+        let e = Status::parse_params(&p.join(" ")).unwrap_err();
+        assert_eq!(e.kind, Kind::Kernel);
+        assert!(e.msg.contains("19 fields, expected at least 20"), "{}", e.msg);
+        assert!(e.hint.is_some());
+        assert!(Status::parse_params("").is_err());
+    }
+
+    fn bad(idx: usize, val: &str, needle: &str) {
+        let e = Status::parse_params(&params(&[(idx, val)])).unwrap_err();
+        assert_eq!(e.kind, Kind::Kernel);
+        assert!(
+            e.msg.starts_with(&format!("status field {idx} (")),
+            "field {idx} '{val}': {}",
+            e.msg
+        );
+        assert!(e.msg.contains(needle), "field {idx} '{val}': {}", e.msg);
+    }
+
+    #[test]
+    fn malformed_fields() {
+        bad(1, "writeaside", "mode");
+        bad(1, "WRITEBACK", "expected writeback");
+        bad(2, "12", "power of two");
+        bad(2, "4", "power of two");
+        bad(2, "4096", "power of two");
+        bad(2, "x", "unsigned");
+        bad(3, "8192", "<used>/<total>");
+        bad(3, "8192/", "unsigned");
+        bad(3, "/1", "unsigned");
+        bad(3, "1/0", "no slots");
+        bad(4, "-1", "unsigned");
+        bad(5, "1e3", "unsigned");
+        bad(5, "+3", "unsigned");
+        bad(7, "18446744073709551616", "out of range");
+        bad(10, "busy", "flush_state");
+        bad(14, "abc", "decimal");
+        bad(14, "1.", "decimal");
+        bad(15, ".5", "decimal");
+        bad(15, "-1.00", "decimal");
+        bad(18, "5", "negative errno");
+        bad(18, "-", "negative errno");
+        bad(18, "-05", "negative errno");
+        bad(18, "--5", "negative errno");
+        bad(20, "2", "0 or 1");
+        bad(20, "yes", "0 or 1");
+    }
+
+    #[test]
+    fn line_header() {
+        assert!(Status::parse_line("x 1 tiercache a").unwrap_err().msg.contains("<start> <len>"));
+        let e = Status::parse_line("0 100 linear 8:0 0").unwrap_err();
+        assert!(e.msg.contains("'linear'"), "{}", e.msg);
+        // Multiple spaces between fields are fine.
+        let sp = DOC_EXAMPLE.replace(' ', "  ");
+        assert!(Status::parse_line(&sp).is_ok());
+    }
+
+    #[test]
+    fn ratios() {
+        let s = Status::parse_params(&params(&[(5, "3"), (6, "1"), (7, "1"), (8, "2"), (9, "1")])).unwrap();
+        assert_eq!(s.read_hit_ratio(), Some(0.75));
+        assert_eq!(s.write_hit_ratio(), Some(0.25));
+        assert_eq!(s.dirty_pct(), 0.0);
+        assert!((s.used_pct() - 6.25).abs() < 1e-9);
+    }
+}
