@@ -5,7 +5,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::cell::RefCell;
 use std::process::ExitCode;
 
-use tiercache::config::{DevRef, Options, DEFAULT_BLOCK_SECTORS, DEFAULT_PATH};
+use tiercache::config::{DevRef, Options, DEFAULT_PATH};
 use tiercache::dm::KernelDm;
 use tiercache::error::{usage, Result};
 use tiercache::host::RealHost;
@@ -123,7 +123,12 @@ impl CacheOpts {
                 tunables.push((k, v));
             }
         }
-        let _ = DEFAULT_BLOCK_SECTORS;
+        // Cross-key rules (bridge_gap_kb <= max_flush_kb, low <= high).
+        let mut spec = table::TableSpec::new("origin", "cache", block_size);
+        for (k, v) in &tunables {
+            spec.set(*k, *v);
+        }
+        spec.validate()?;
         Ok(Options { block_size, mode: self.mode.map(Into::into), tunables, noauto: false })
     }
 }
@@ -329,6 +334,18 @@ fn plan(cmd: Cmd) -> Result<Action> {
         Cmd::Set { name, key, value, save } => Box::new(move |c| c.set(&name, &key, &value, save)),
         Cmd::List { json } => Box::new(move |c| c.list(json)),
         Cmd::Attach { origin, cache, name, opts, no_save } => {
+            for (what, v) in [("origin", &origin), ("--cache", &cache)] {
+                if !matches!(DevRef::parse(v), Ok(DevRef::Lv { .. })) {
+                    return Err(usage(format!(
+                        "{what} '{v}' is not a logical volume name of the form VG/LV"
+                    )));
+                }
+            }
+            if let Some(n) = &name {
+                if !tiercache::config::valid_name(n) {
+                    return Err(usage(format!("'{n}' is not a valid device name")));
+                }
+            }
             let options = opts.to_options()?;
             Box::new(move |c| c.attach(&origin, &cache, name.as_deref(), options, !no_save))
         }
