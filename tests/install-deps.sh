@@ -1,0 +1,91 @@
+#!/bin/bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# Install what `make test` needs on Debian 12 (bookworm).  Idempotent:
+# installs only what is missing, runs `apt-get update` at most once.
+#
+#   tests/install-deps.sh          # as root (or with sudo available)
+#
+# Needs: the Debian 6.1 kernel image + headers (the VM boots the host's
+# kernel), compiler + sparse for the module, QEMU + virtme-ng for the VM,
+# fio/dmsetup/kmod/util-linux/python3-pytest used inside the VM (the VM
+# shares the host's root file system), busybox-static for virtme's initramfs.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+export DEBIAN_FRONTEND=noninteractive
+
+SUDO=
+if [ "$(id -u)" -ne 0 ]; then
+	command -v sudo >/dev/null || { echo "install-deps: need root or sudo" >&2; exit 1; }
+	SUDO="sudo -E"
+fi
+
+say() { echo "[install-deps] $*"; }
+
+PKGS=(
+	# module build
+	make gcc libc6-dev bc sparse linux-image-amd64 linux-headers-amd64
+	# VM
+	qemu-system-x86 busybox-static
+	# in-VM tools (the guest sees the host's root file system)
+	fio libaio1 dmsetup kmod udev util-linux procps coreutils
+	python3 python3-pytest python3-pip
+)
+
+# Rust userspace tool (owned elsewhere): build/test it only if present.
+if [ -f "$REPO/userspace/Cargo.toml" ] && ! command -v cargo >/dev/null &&
+   [ ! -x "$HOME/.cargo/bin/cargo" ]; then
+	PKGS+=(cargo rustc pkg-config)
+fi
+
+missing=()
+for p in "${PKGS[@]}"; do
+	st=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+	[ "$st" = installed ] || missing+=("$p")
+done
+
+updated=
+apt_update() {
+	[ -n "$updated" ] && return 0
+	say "apt-get update"
+	$SUDO apt-get update -q
+	updated=1
+}
+
+if [ ${#missing[@]} -gt 0 ]; then
+	apt_update
+	say "apt-get install ${missing[*]}"
+	$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+	say "all Debian packages present"
+fi
+
+# The kernel the VM boots: the newest installed 6.1 kernel (same rule as the
+# top-level Makefile).  Its headers must match it.
+KVER=${KVER:-$(ls /lib/modules 2>/dev/null | grep -E '^6\.1\.' | sort -V | tail -n 1)}
+if [ -z "$KVER" ]; then
+	echo "install-deps: no 6.1 kernel in /lib/modules" >&2
+	exit 1
+fi
+if [ ! -e "/lib/modules/$KVER/build" ] || [ ! -e "/boot/vmlinuz-$KVER" ]; then
+	apt_update
+	say "apt-get install linux-image-$KVER linux-headers-$KVER"
+	$SUDO apt-get install -y -q --no-install-recommends \
+		"linux-image-$KVER" "linux-headers-$KVER"
+fi
+
+# virtme-ng (vng): not packaged in bookworm, installed from PyPI.
+if ! command -v vng >/dev/null; then
+	say "pip install virtme-ng"
+	# bookworm's pip refuses system-wide installs without this (PEP 668)
+	$SUDO python3 -m pip install -q --break-system-packages --no-warn-script-location virtme-ng
+	hash -r
+fi
+if ! command -v vng >/dev/null; then
+	for d in /usr/local/bin "$HOME/.local/bin"; do
+		[ -x "$d/vng" ] && { say "vng is in $d (add it to PATH)"; break; }
+	done
+fi
+
+say "ok: KVER=$KVER, vng $(vng --version 2>/dev/null || echo '?'), $(fio --version), $(qemu-system-x86_64 --version | head -n1)"

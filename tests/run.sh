@@ -1,0 +1,240 @@
+#!/bin/bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# The dm-tiercache test suite (`make test`):
+#   1. tests/install-deps.sh (idempotent)
+#   2. build the module; `make C=1 W=1` must print no warning for dm-tiercache/
+#   3. host unit tests (tests/host, userspace cargo tests) if present
+#   4. boot the Debian 6.1 kernel in QEMU (virtme-ng) and run tests/vm/inside.sh:
+#      pytest tests/vm, junit xml + guest dmesg into results/<stamp>/
+#   5. fail on any test failure, a guest oops/BUG/WARNING/hung task, or a VM
+#      that did not finish
+#
+# Environment:
+#   TESTS=expr|path   pytest -k expression, or test path(s) (tests/vm/x.py::t)
+#   KVER=6.1.0-N-amd64  kernel to build for and boot (default: newest 6.1)
+#   TC_SKIP_DEPS=1    do not run install-deps.sh
+#   TC_SKIP_BUILD=1   do not build (development only: reported as SKIP)
+#   TC_SKIP_HOST=1    skip host unit tests
+#   TC_MEMORY=2G TC_CPUS=2  guest size
+#   TC_KVM=auto|0|1   use /dev/kvm if usable (auto), never, always
+#   TC_VM_TIMEOUT=3300  seconds for the whole VM run; TC_PYTEST_TIMEOUT=2700
+#   TC_VM_LOCK=/tmp/tiercache-vm.lock  serialise VM boots (empty: no lock)
+set -euo pipefail
+
+# The body is one function, parsed whole before it runs: editing this file
+# while a run is in progress cannot break that run.
+main() {
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+cd "$REPO"
+T0=$(date +%s)
+
+TESTS=${TESTS:-}
+TC_MEMORY=${TC_MEMORY:-2G}
+TC_CPUS=${TC_CPUS:-2}
+TC_KVM=${TC_KVM:-auto}
+TC_VM_TIMEOUT=${TC_VM_TIMEOUT:-3300}
+TC_PYTEST_TIMEOUT=${TC_PYTEST_TIMEOUT:-2700}
+TC_VM_LOCK=${TC_VM_LOCK-/tmp/tiercache-vm.lock}
+
+STAMP=$(date +%Y%m%d-%H%M%S)-$$
+RES=$REPO/results/$STAMP
+mkdir -p "$RES"
+ln -sfn "$STAMP" "$REPO/results/latest"
+exec > >(tee -a "$RES/run.log") 2>&1
+
+hdr() { printf '\n=== %s ===\n' "$*"; }
+fmt_t() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+
+CHECKS=()   # "name|PASS|detail" ...
+check() {   # check NAME STATUS [DETAIL]
+	CHECKS+=("$1|$2|${3:-}")
+	printf '[run] %-26s %s %s\n' "$1" "$2" "${3:-}"
+}
+
+# ------------------------------------------------------------------ deps
+hdr "dependencies"
+if [ "${TC_SKIP_DEPS:-0}" = 1 ]; then
+	echo "skipped (TC_SKIP_DEPS=1)"
+elif ! "$REPO/tests/install-deps.sh"; then
+	echo "tests/install-deps.sh failed: cannot run the suite" >&2
+	echo "0 passed, 1 failed"
+	exit 1
+fi
+KVER=${KVER:-$(ls /lib/modules 2>/dev/null | grep -E '^6\.1\.' | sort -V | tail -n 1)}
+export KVER
+echo "KVER=$KVER  results: results/$STAMP"
+
+# ------------------------------------------------------------------ build
+hdr "build"
+if [ "${TC_SKIP_BUILD:-0}" = 1 ]; then
+	check build SKIP "TC_SKIP_BUILD=1"
+	check "sparse + W=1" SKIP "TC_SKIP_BUILD=1"
+else
+	if make KVER="$KVER" >"$RES/build.log" 2>&1; then
+		check build PASS
+	else
+		tail -n 40 "$RES/build.log"
+		check build FAIL "make failed (results/$STAMP/build.log)"
+	fi
+	# Sparse and W=1.  Changed flags make kbuild recompile every file, so
+	# every source file is checked.
+	set +e
+	make KVER="$KVER" C=1 W=1 >"$RES/build-check.log" 2>&1
+	crc=$?
+	set -e
+	grep -E "(^|/)dm-tiercache/[^ :]+:[0-9]+(:[0-9]+)?: (warning|error)|WARNING: modpost: .*dm-tiercache" \
+		"$RES/build-check.log" >"$RES/build-warnings.txt" || true
+	nw=$(wc -l <"$RES/build-warnings.txt")
+	if [ "$crc" -ne 0 ]; then
+		tail -n 40 "$RES/build-check.log"
+		check "sparse + W=1" FAIL "make C=1 W=1 failed"
+	elif [ "$nw" -gt 0 ]; then
+		cat "$RES/build-warnings.txt"
+		check "sparse + W=1" FAIL "$nw warning(s) in dm-tiercache/"
+	else
+		check "sparse + W=1" PASS
+	fi
+fi
+
+# ------------------------------------------------------------------ host tests
+hdr "host unit tests"
+if [ "${TC_SKIP_HOST:-0}" = 1 ]; then
+	echo "skipped (TC_SKIP_HOST=1)"
+else
+	if [ -f tests/host/Makefile ]; then
+		if make -C tests/host check 2>&1 | tee "$RES/host-tests.log"; then
+			check "host unit tests" PASS
+		else
+			check "host unit tests" FAIL "make -C tests/host check"
+		fi
+	fi
+	if [ -f userspace/Cargo.toml ]; then
+		[ -d "$HOME/.cargo/bin" ] && PATH=$PATH:$HOME/.cargo/bin
+		if (cd userspace && cargo test) 2>&1 | tee "$RES/cargo-test.log"; then
+			check "cargo test" PASS
+		else
+			check "cargo test" FAIL "cargo test in userspace/"
+		fi
+	fi
+	[ -f tests/host/Makefile ] || [ -f userspace/Cargo.toml ] || echo "none present"
+fi
+
+# ------------------------------------------------------------------ VM
+hdr "VM tests (kernel $KVER)"
+{
+	printf 'TESTS=%q\n' "$TESTS"
+	printf 'PYTEST_TIMEOUT=%q\n' "$TC_PYTEST_TIMEOUT"
+	printf 'KO=%q\n' "$REPO/dm-tiercache/dm-tiercache.ko"
+} >"$RES/env.sh"
+
+vng_args=(--run "/boot/vmlinuz-$KVER" --force-9p --memory "$TC_MEMORY" --cpus "$TC_CPUS"
+          --rwdir "$RES" --exec "bash $REPO/tests/vm/inside.sh $RES")
+use_kvm=0
+case "$TC_KVM" in
+1) use_kvm=1 ;;
+auto)	# only real hardware KVM: a /dev/kvm from a nested-less variant (e.g.
+	# kvm_pvm) cannot run the stock Debian kernel
+	if [ -r /dev/kvm ] && [ -w /dev/kvm ] &&
+	   { [ -d /sys/module/kvm_intel ] || [ -d /sys/module/kvm_amd ]; }; then
+		use_kvm=1
+	fi ;;
+esac
+[ "$use_kvm" = 1 ] || vng_args+=(--disable-kvm)
+echo "kvm: $([ "$use_kvm" = 1 ] && echo yes || echo 'no (TCG emulation)')"
+
+lock=()
+if [ -n "$TC_VM_LOCK" ] && command -v flock >/dev/null; then
+	lock=(flock "$TC_VM_LOCK")
+fi
+VM0=$(date +%s)
+set +e
+"${lock[@]}" timeout -k 30 "$TC_VM_TIMEOUT" vng "${vng_args[@]}" </dev/null 2>&1 |
+	tee "$RES/console.log"
+vm_rc=${PIPESTATUS[0]}
+set -e
+VM_T=$(( $(date +%s) - VM0 ))
+echo "[run] VM exited with $vm_rc after $(fmt_t "$VM_T")"
+
+if [ -f "$RES/done" ]; then
+	check "VM ran to completion" PASS
+elif [ "$vm_rc" = 124 ]; then
+	check "VM ran to completion" FAIL "timed out after ${TC_VM_TIMEOUT}s"
+else
+	check "VM ran to completion" FAIL "no results/$STAMP/done: guest crashed or hung (rc=$vm_rc)"
+fi
+[ -f "$RES/timeout" ] && check "pytest time limit" FAIL "$(cat "$RES/timeout")"
+
+# ------------------------------------------------------------------ analysis
+# Kernel log: oops, BUG, WARNING, hung tasks, ... (tests/vm/dmesg-*.txt)
+: >"$RES/dmesg-bad.txt"
+for f in dmesg.txt dmesg-live.txt console.log; do
+	[ -f "$RES/$f" ] || continue
+	grep -a -E -f tests/vm/dmesg-bad.txt "$RES/$f" |
+		grep -a -v -F -f tests/vm/dmesg-ok.txt >>"$RES/dmesg-bad.txt" || true
+done
+if [ -s "$RES/dmesg-bad.txt" ]; then
+	sed -E 's/^\[ *[0-9.]+\] //' "$RES/dmesg-bad.txt" | sort -u >"$RES/dmesg-bad.u"
+	mv "$RES/dmesg-bad.u" "$RES/dmesg-bad.txt"
+	check "kernel log clean" FAIL "$(wc -l <"$RES/dmesg-bad.txt") bad line(s), see below"
+elif [ -f "$RES/dmesg.txt" ] || [ -f "$RES/dmesg-live.txt" ]; then
+	check "kernel log clean" PASS
+else
+	check "kernel log clean" FAIL "no guest kernel log saved"
+fi
+
+# pytest results from the junit xml
+PY_PASS=0 PY_FAIL=0 PY_SKIP=0
+if [ -f "$RES/junit.xml" ]; then
+	read -r PY_PASS PY_FAIL PY_SKIP < <(python3 - "$RES/junit.xml" "$RES/failed-tests.txt" <<'EOF'
+import sys, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+p = f = s = 0
+failed = []
+for tc in root.iter("testcase"):
+    kinds = {c.tag for c in tc}
+    name = f"{tc.get('classname', '')}::{tc.get('name')}"
+    if kinds & {"failure", "error"}:
+        f += 1
+        msg = next((c.get("message", "") for c in tc if c.tag in ("failure", "error")), "")
+        failed.append(f"FAILED {name}: {msg.splitlines()[0][:200] if msg else ''}")
+    elif "skipped" in kinds:
+        s += 1
+    else:
+        p += 1
+open(sys.argv[2], "w").write("".join(x + "\n" for x in failed))
+print(p, f, s)
+EOF
+	)
+fi
+PY_RC=$(cat "$RES/pytest-rc" 2>/dev/null || echo none)
+if [ ! -f "$RES/junit.xml" ]; then
+	check "pytest results" FAIL "no junit.xml (pytest rc=$PY_RC)"
+elif [ "$PY_PASS" -eq 0 ]; then
+	check "pytest results" FAIL "no test passed: nothing was tested (rc=$PY_RC)"
+elif [ "$PY_RC" != 0 ] && [ "$PY_FAIL" -eq 0 ]; then
+	check "pytest results" FAIL "pytest rc=$PY_RC without a failed test"
+fi
+
+# ------------------------------------------------------------------ summary
+T=$(( $(date +%s) - T0 ))
+hdr "summary (results/$STAMP)"
+c_pass=0 c_fail=0
+for c in "${CHECKS[@]}"; do
+	IFS='|' read -r n s d <<<"$c"
+	printf '  %-26s %-4s %s\n' "$n" "$s" "$d"
+	case $s in PASS) c_pass=$((c_pass + 1)) ;; FAIL) c_fail=$((c_fail + 1)) ;; esac
+done
+if [ -s "$RES/dmesg-bad.txt" ]; then
+	echo "  guest kernel log (first 40 bad lines; full log results/$STAMP/dmesg.txt):"
+	head -n 40 "$RES/dmesg-bad.txt" | sed 's/^/    /'
+fi
+echo "  pytest: $PY_PASS passed, $PY_FAIL failed (incl. errors), $PY_SKIP skipped"
+[ -s "$RES/failed-tests.txt" ] && sed 's/^/    /' "$RES/failed-tests.txt"
+echo "  wall time: $(fmt_t "$T") total, VM $(fmt_t "${VM_T:-0}")"
+echo "  (the line below counts pytest tests plus the $((c_pass + c_fail)) harness checks above)"
+echo "$((PY_PASS + c_pass)) passed, $((PY_FAIL + c_fail)) failed"
+[ "$c_fail" -eq 0 ] && [ "$PY_FAIL" -eq 0 ] && [ "$PY_PASS" -gt 0 ]
+}
+
+main "$@"

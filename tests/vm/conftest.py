@@ -1,0 +1,73 @@
+# SPDX-License-Identifier: GPL-2.0
+"""pytest fixtures for the in-VM tests (run by tests/vm/inside.sh)."""
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tclib  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+def _patterns(name):
+    return [ln for ln in (HERE / name).read_text().splitlines() if ln.strip()]
+
+
+BAD = re.compile("|".join(f"(?:{p})" for p in _patterns("dmesg-bad.txt")))
+OK = re.compile("|".join(re.escape(p) for p in _patterns("dmesg-ok.txt")))
+
+
+def bad_kernel_lines(lines):
+    return [ln for ln in lines if BAD.search(ln) and not OK.search(ln)]
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "module: needs dm-tiercache.ko (tests use the tc_module fixture, "
+        "which fails, never skips, when the module is missing)")
+    if os.geteuid() != 0:
+        raise pytest.UsageError("the in-VM tests must run as root inside the test VM")
+
+
+@pytest.fixture(autouse=True)
+def kernel_log_guard(request):
+    """Per test: clean dm slate before; kernel log scan after.
+
+    A test that makes the kernel print an oops, BUG, WARNING, hung task or
+    Call Trace fails, with the lines in the message.
+    """
+    left = tclib.dm_names()
+    if left:
+        tclib.log(f"removing dm devices left behind by an earlier test: {left}")
+        tclib.run(["dmsetup", "remove_all", "--force"], check=False)
+    cur = tclib.KmsgCursor(f"START {request.node.nodeid}")
+    yield
+    tclib.kmsg(f"END {request.node.nodeid}")
+    bad = bad_kernel_lines(cur.lines())
+    if bad:
+        pytest.fail("kernel log during this test:\n" + "\n".join(bad[:60]),
+                    pytrace=False)
+
+
+@pytest.fixture
+def stack():
+    s = tclib.Stack()
+    yield s
+    errors = s.close()
+    left = tclib.dm_names()
+    if errors or left:
+        pytest.fail(f"teardown problems: {errors}; dm devices left: {left}",
+                    pytrace=False)
+
+
+@pytest.fixture
+def tc_module():
+    """dm-tiercache loaded.  Missing or unloadable module: the test FAILS."""
+    tclib.ensure_module()
+    yield
+

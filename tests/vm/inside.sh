@@ -1,0 +1,98 @@
+#!/bin/bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# Runs INSIDE the test VM (booted by tests/run.sh through virtme-ng).
+#   inside.sh <results dir>
+# The results dir is the only writable host directory.  It holds env.sh
+# (TESTS, PYTEST_TIMEOUT, KO) written by run.sh; this script leaves:
+#   junit.xml, pytest.log, pytest-rc, dmesg.txt (final), dmesg-live.txt,
+#   modules.txt, done (written last: its absence means the VM died).
+set -u
+
+RES=${1:?usage: inside.sh RESULTS_DIR}
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export DM_DISABLE_UDEV=1 PYTHONDONTWRITEBYTECODE=1 LC_ALL=C
+TESTS=
+PYTEST_TIMEOUT=2700
+KO=$REPO/dm-tiercache/dm-tiercache.ko
+# shellcheck disable=SC1091
+[ -f "$RES/env.sh" ] && . "$RES/env.sh"
+export TIERCACHE_KO=$KO
+
+say() { echo "[inside] $*"; }
+
+# Kernel log streamed to the host as it happens: survives a guest crash.
+dmesg -w >"$RES/dmesg-live.txt" 2>&1 &
+DMESG_PID=$!
+
+say "kernel $(uname -r), $(nproc) cpus, $(awk '/MemTotal/ {print $2 " kB"}' /proc/meminfo)"
+echo 1 >/proc/sys/kernel/printk_ratelimit 2>/dev/null || true
+# a hung task is reported after 60 s instead of 120 s
+echo 60 >/proc/sys/kernel/hung_task_timeout_secs 2>/dev/null || true
+
+mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config 2>/dev/null || true
+for m in dm-mod dm-delay dm-flakey dm-linear; do
+	modprobe "$m" 2>/dev/null || say "modprobe $m failed (may be built in)"
+done
+modprobe null_blk nr_devices=0 || say "modprobe null_blk failed"
+if [ -f "$KO" ]; then
+	if insmod "$KO"; then
+		say "loaded $KO"
+	else
+		say "insmod $KO FAILED (tests that need it will fail)"
+	fi
+else
+	say "$KO not found (tests that need it will fail)"
+fi
+{ lsmod; echo; dmsetup targets; } >"$RES/modules.txt" 2>&1
+
+args=(-v -rfE -p no:cacheprovider --junitxml="$RES/junit.xml" -o junit_family=xunit2
+      -o console_output_style=classic --durations=15)
+sel=()
+if [ -n "$TESTS" ]; then
+	# a path (tests/vm/x.py, x.py::test) is passed as is, anything else is -k
+	if [[ "$TESTS" == */* || "$TESTS" == *.py* || "$TESTS" == *::* ]]; then
+		read -r -a sel <<<"$TESTS"
+	else
+		args+=(-k "$TESTS")
+	fi
+fi
+[ ${#sel[@]} -eq 0 ] && sel=("$HERE")
+
+cd "$REPO" || exit 1
+say "python3 -m pytest ${args[*]} ${sel[*]}"
+start=$(date +%s)
+rm -f "$RES/.rc"
+( python3 -m pytest "${args[@]}" "${sel[@]}"; echo $? >"$RES/.rc" ) 2>&1 | tee "$RES/pytest.log" &
+PYPID=$!
+rc=
+while kill -0 "$PYPID" 2>/dev/null; do
+	if [ $(( $(date +%s) - start )) -gt "$PYTEST_TIMEOUT" ]; then
+		say "pytest still running after ${PYTEST_TIMEOUT}s: dumping blocked tasks, giving up"
+		echo w >/proc/sysrq-trigger 2>/dev/null
+		echo "TIMEOUT after ${PYTEST_TIMEOUT}s" >"$RES/timeout"
+		rc=124
+		break
+	fi
+	sleep 2
+done
+if [ -z "$rc" ]; then
+	wait "$PYPID"
+	rc=$(cat "$RES/.rc" 2>/dev/null)
+fi
+say "pytest finished (rc=${rc:-?}) after $(( $(date +%s) - start ))s"
+
+# unload the module at the end (exercises module exit after the whole suite)
+if [ -d /sys/module/dm_tiercache ] && [ "$(dmsetup ls 2>&1)" = "No devices found" ]; then
+	rmmod dm_tiercache || say "rmmod dm_tiercache failed"
+fi
+sleep 1
+dmesg >"$RES/dmesg.txt" 2>&1
+kill "$DMESG_PID" 2>/dev/null
+echo "${rc:-1}" >"$RES/pytest-rc"
+sync
+echo ok >"$RES/done"
+sync
+exit "${rc:-1}"

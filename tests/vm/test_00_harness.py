@@ -1,0 +1,132 @@
+# SPDX-License-Identifier: GPL-2.0
+"""Self-tests of the harness against in-kernel targets (no dm-tiercache).
+
+They prove the plumbing the tiercache tests rely on: the pattern model
+and its verification, fio verify/verify_only, the /sys/block stat oracle
+on dm-delay, null_blk discard, dm-flakey write errors, the status parser.
+"""
+
+import os
+
+import pytest
+
+import tclib
+from tclib import KiB, MiB
+
+
+DOC_EXAMPLE = ("0 65536 tiercache writeback 8 8192/131072 0 0 0 0 8192 0 idle 8192 "
+               "32 65536 1024 256.00 0 32 0 1 0")
+
+
+def test_status_parser_doc_example():
+    st = tclib.parse_status(DOC_EXAMPLE)
+    assert st["len"] == 65536
+    assert st["mode"] == "writeback" and st["block_size"] == 8
+    assert (st["used"], st["total"], st["dirty"]) == (8192, 131072, 0)
+    assert st["write_misses"] == 8192 and st["flush_state"] == "idle"
+    assert (st["wb_blocks"], st["wb_requests"], st["wb_sectors"]) == (8192, 32, 65536)
+    assert st["avg_write_kb"] == 1024 and st["merge_ratio"] == 256.0
+    assert (st["inflight_max"], st["error"], st["flushes"], st["cleaner"]) == (32, 0, 1, 0)
+    assert st["extra"] == []
+
+
+@pytest.mark.parametrize("line", [
+    DOC_EXAMPLE.rsplit(" ", 1)[0],                       # one field short
+    DOC_EXAMPLE.replace("writeback", "writebehind"),     # bad mode
+    DOC_EXAMPLE.replace("256.00", "256"),                # merge ratio decimals
+    DOC_EXAMPLE.replace(" idle ", " busy "),             # bad flush state
+    DOC_EXAMPLE.replace("8192/131072", "8192"),          # used/total
+], ids=["short", "mode", "ratio", "state", "used"])
+def test_status_parser_rejects(line):
+    with pytest.raises(tclib.StatusError):
+        tclib.parse_status(line)
+
+
+def test_model_detects_corruption(stack):
+    dev = stack.ram(4 * MiB)
+    m = tclib.seeded_origin(dev, seed=3)
+    m.verify_device(dev)
+    tclib.write_direct(dev, 1 * MiB + 4096, b"\xa5" * 512)
+    with pytest.raises(AssertionError, match=r"offset 1052672 .*sector 2056"):
+        m.verify_device(dev)
+
+
+def test_model_workload_on_linear(stack):
+    """The seeded workload (all request kinds) verifies through dm-linear."""
+    origin = stack.ram(32 * MiB)
+    m = tclib.seeded_origin(origin, seed=11)
+    lin = stack.linear(origin)
+    with tclib.Workload(lin.path, m, seed=12) as wl:
+        wl.run(150)
+        print(wl.summary())
+    kinds = {k for k, *_ in wl.log}
+    assert kinds == {"read-direct", "write-direct", "read-buffered", "write-buffered"}
+    m.verify_device(lin.path)
+    m.verify_buffered(lin.path)
+    lin.remove()
+    m.verify_device(origin, what="origin after removing dm-linear")
+
+
+def test_fio_verify_only_on_linear(stack):
+    origin = stack.ram(32 * MiB)
+    lin = stack.linear(origin)
+    job = ["--name=h", "--ioengine=libaio", "--direct=1", "--iodepth=8",
+           "--rw=randwrite", "--bs=4k", "--size=8M", "--verify=crc32c"]
+    tclib.fio(job + [f"--filename={lin.path}"])
+    lin.remove()
+    tclib.fio(job + [f"--filename={origin}", "--verify_only"])
+    tclib.write_direct(origin, 4 * MiB, b"\x00" * 4096)
+    p = tclib.fio(job + [f"--filename={origin}", "--verify_only"], check=False)
+    assert p.returncode != 0 and "verify" in p.stdout + p.stderr
+
+
+def test_dm_delay_stat_oracle(stack):
+    """dm-delay counts one write per bio; empty flushes are not writes."""
+    slow = stack.slow(16 * MiB, read_ms=0, write_ms=5)
+    before = slow.stat()
+    tclib.write_direct(slow.path, 0, b"\x11" * MiB)
+    fd = os.open(slow.path, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    tclib.write_direct(slow.path, 2 * MiB, b"\x22" * 4096)
+    d = tclib.stat_delta(slow.stat(), before)
+    assert (d["writes"], d["write_sectors"]) == (2, 2048 + 8), d
+
+
+def test_nullb_discard_zeroes(stack):
+    nb = stack.nullb(16)
+    assert int(tclib.sysfs_queue(nb, "discard_max_bytes")) > 0
+    tclib.write_direct(nb, 0, b"\x5a" * MiB)
+    before = tclib.block_stat(nb)
+    tclib.run(["blkdiscard", "-o", "0", "-l", str(256 * KiB), nb])
+    d = tclib.stat_delta(tclib.block_stat(nb), before)
+    assert d["discards"] >= 1 and d["discard_sectors"] == 512
+    assert tclib.read_direct(nb, 0, 256 * KiB) == b"\0" * (256 * KiB)
+    assert tclib.read_direct(nb, 256 * KiB, 4096) == b"\x5a" * 4096
+
+
+def test_flakey_error_writes(stack):
+    """The origin-failure fixture: flakey with error_writes fails writes only."""
+    ram = stack.ram(8 * MiB)
+    dev = stack.dm("tc-flakey", stack.flakey_table(ram))
+    tclib.write_direct(dev.path, 0, b"\x33" * 4096)
+    dev.suspend()
+    dev.reload(stack.flakey_table(ram, up=0, down=3600, features=["error_writes"]))
+    with pytest.raises(OSError):
+        tclib.write_direct(dev.path, 4096, b"\x44" * 4096)
+    assert tclib.read_direct(dev.path, 0, 4096) == b"\x33" * 4096
+    dev.suspend()
+    dev.reload(stack.flakey_table(ram))
+    tclib.write_direct(dev.path, 4096, b"\x44" * 4096)
+
+
+def test_bad_table_reporting_on_linear(stack):
+    """Kernel log capture for a refused table (used by test_20_badtable)."""
+    ram = stack.ram(8 * MiB)
+    cur = tclib.KmsgCursor("linear-bad")
+    p = tclib.run(["dmsetup", "create", "tc-bad", "--table",
+                   f"0 16 linear {ram} 8x"], check=False)
+    assert p.returncode != 0
+    msgs = [ln for ln in cur.lines() if "device-mapper: table:" in ln]
+    assert any("linear: Invalid device sector" in ln for ln in msgs), cur.lines()
+    assert "tc-bad" not in tclib.dm_names()
