@@ -92,18 +92,30 @@ fn kmsg_text(rec: &str) -> Option<&str> {
 }
 
 /// From kernel log messages, the last thing device-mapper said about
-/// `devno` ("device-mapper: table: 253:3: tiercache: Invalid ...").
+/// `devno` ("device-mapper: table: 253:3: tiercache: Invalid ..."), with the
+/// target's own more detailed line ("device-mapper: tiercache: Invalid block
+/// size: 12 (...)") if it came just before.
 pub fn dm_reason<'a>(msgs: impl Iterator<Item = &'a str>, devno: (u32, u32)) -> Option<String> {
     let tag = format!("device-mapper: table: {}:{}: ", devno.0, devno.1);
+    let detail_tag = "device-mapper: tiercache: ";
     let ioctl = "device-mapper: ioctl: ";
     let mut last = None;
-    for m in msgs {
-        if let Some(i) = m.find(&tag) {
-            last = Some(m[i + tag.len()..].trim().to_string());
-        } else if let Some(i) = m.find(ioctl) {
+    let mut detail: Option<(usize, String)> = None;
+    for (i, m) in msgs.enumerate() {
+        if let Some(p) = m.find(&tag) {
+            let mut r = m[p + tag.len()..].trim().to_string();
+            if let Some((j, d)) = &detail {
+                if i - j <= 3 && !r.contains(d.as_str()) {
+                    r = format!("{r} [{d}]");
+                }
+            }
+            last = Some(r);
+        } else if let Some(p) = m.find(detail_tag) {
+            detail = Some((i, m[p + detail_tag.len()..].trim().to_string()));
+        } else if let Some(p) = m.find(ioctl) {
             // e.g. "device-mapper: ioctl: error adding target to table"
             if last.is_none() {
-                last = Some(m[i + ioctl.len()..].trim().to_string());
+                last = Some(m[p + ioctl.len()..].trim().to_string());
             }
         }
     }
@@ -337,6 +349,16 @@ mod tests {
         assert_eq!(
             dm_reason(msgs[2..].iter().copied(), (253, 9)).unwrap(),
             "error adding target to table"
+        );
+        let msgs = [
+            "device-mapper: tiercache: Invalid block size: 12 (power of two from 8 to 2048 sectors)",
+            "device-mapper: table: 254:0: tiercache: Invalid block size (power of two from 8 to 2048 sectors) (-EINVAL)",
+            "device-mapper: ioctl: error adding target to table",
+        ];
+        assert_eq!(
+            dm_reason(msgs.iter().copied(), (254, 0)).unwrap(),
+            "tiercache: Invalid block size (power of two from 8 to 2048 sectors) (-EINVAL) \
+             [Invalid block size: 12 (power of two from 8 to 2048 sectors)]"
         );
         assert_eq!(kmsg_text("3,123,456,-;device-mapper: x\n SUBSYSTEM=block\n"), Some("device-mapper: x"));
     }

@@ -446,7 +446,13 @@ impl<'a> Ctx<'a> {
                 last_line = now;
             }
 
-            if st.flushes > st0.flushes {
+            // Done when the target counts a completed full flush, or when
+            // nothing is dirty any more (blocks are only marked clean after
+            // the origin acknowledged a cache flush, so what was dirty when
+            // we started is on the origin).
+            if st.flushes > st0.flushes
+                || (st.dirty_blocks == 0 && st.flush_state != FlushState::Flushing)
+            {
                 break Ok(st);
             }
             let ended = info.event_nr != ev0 && st.flush_state != FlushState::Flushing;
