@@ -526,6 +526,18 @@ impl<'a> Ctx<'a> {
     // Removing
     // ----------------------------------------------------------------
 
+    /// The open count, after giving short-lived openers (udev probing a
+    /// device that was just written and closed) a few seconds to go away.
+    fn open_count_settled(&self, name: &str, info: &DevInfo) -> Result<i32> {
+        let t0 = self.host.now();
+        let mut n = info.open_count;
+        while n > 0 && self.host.now() - t0 < 5.0 {
+            self.host.sleep(0.1);
+            n = self.dm.info(name)?.map(|i| i.open_count).unwrap_or(0);
+        }
+        Ok(n)
+    }
+
     /// Flush (unless `no_flush`), then remove.  Dirty data is only ever
     /// dropped with `force`.
     pub fn remove(&self, name: &str, no_flush: bool, force: bool, o: FlushOpts) -> Result<()> {
@@ -535,9 +547,10 @@ impl<'a> Ctx<'a> {
                     .hint("'tiercache list' shows the cached devices"))
             }
             Some(DevKind::Detached { info, .. }) => {
-                if info.open_count > 0 {
-                    return Err(busy(format!("{name}: device is in use (open count {})", info.open_count))
-                        .hint("unmount it first"));
+                let n = self.open_count_settled(name, &info)?;
+                if n > 0 {
+                    return Err(busy(format!("{name}: device is in use (open count {n})"))
+                        .hint(format!("unmount /dev/mapper/{name} and stop its users first")));
                 }
                 self.dm.remove(name)?;
                 self.host.remove_nodes(name);
@@ -550,11 +563,9 @@ impl<'a> Ctx<'a> {
             }
             Some(DevKind::Cached(c)) => c,
         };
-        if cd.info.open_count > 0 {
-            return Err(busy(format!(
-                "{name}: device is in use (open count {})",
-                cd.info.open_count
-            ))
+        let n = self.open_count_settled(name, &cd.info)?;
+        if n > 0 {
+            return Err(busy(format!("{name}: device is in use (open count {n})"))
             .hint(format!("unmount /dev/mapper/{name} and stop its users first")));
         }
         let mut flush_err = None;
