@@ -45,11 +45,10 @@ impl DevRef {
             return Ok(DevRef::Path(s.to_string()));
         }
         match s.split_once('/') {
-            Some((vg, lv))
-                if valid_lvm_name(vg) && valid_lvm_name(lv) =>
-            {
-                Ok(DevRef::Lv { vg: vg.into(), lv: lv.into() })
-            }
+            Some((vg, lv)) if valid_lvm_name(vg) && valid_lvm_name(lv) => Ok(DevRef::Lv {
+                vg: vg.into(),
+                lv: lv.into(),
+            }),
             _ => Err(format!(
                 "'{s}' is neither VG/LV nor an absolute device path such as /dev/sdb"
             )),
@@ -63,7 +62,8 @@ pub fn valid_lvm_name(s: &str) -> bool {
         && s != "."
         && s != ".."
         && !s.starts_with('-')
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"+_.-".contains(&b))
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"+_.-".contains(&b))
 }
 
 impl fmt::Display for DevRef {
@@ -82,7 +82,8 @@ pub fn valid_name(s: &str) -> bool {
         && s != "."
         && s != ".."
         && !s.starts_with('-')
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"+_.-".contains(&b))
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"+_.-".contains(&b))
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -95,7 +96,12 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options { block_size: DEFAULT_BLOCK_SECTORS, mode: None, tunables: vec![], noauto: false }
+        Options {
+            block_size: DEFAULT_BLOCK_SECTORS,
+            mode: None,
+            tunables: vec![],
+            noauto: false,
+        }
     }
 }
 
@@ -144,7 +150,12 @@ impl Options {
 
     /// The options field as written to the file.
     pub fn to_field(&self) -> String {
-        let mut v = vec![format!("block_size={}", crate::units::fmt_bytes(self.block_size as u64 * 512).replace(" KiB", "K").replace(" MiB", "M"))];
+        let mut v = vec![format!(
+            "block_size={}",
+            crate::units::fmt_bytes(self.block_size as u64 * 512)
+                .replace(" KiB", "K")
+                .replace(" MiB", "M")
+        )];
         if let Some(m) = self.mode {
             v.push(format!("mode={m}"));
         }
@@ -171,13 +182,20 @@ pub struct Entry {
 
 impl Entry {
     pub fn to_line(&self) -> String {
-        format!("{}\t{}\t{}\t{}", self.name, self.origin, self.cache, self.options.to_field())
+        format!(
+            "{}\t{}\t{}\t{}",
+            self.name,
+            self.origin,
+            self.cache,
+            self.options.to_field()
+        )
     }
 }
 
 fn cerr(path: &str, line: usize, msg: String) -> Error {
-    Error::new(Kind::Config, format!("{path}:{line}: {msg}"))
-        .hint(format!("fix or remove that line of {path} (see 'tiercache activate --help')"))
+    Error::new(Kind::Config, format!("{path}:{line}: {msg}")).hint(format!(
+        "fix or remove that line of {path} (see 'tiercache activate --help')"
+    ))
 }
 
 fn strip_comment(l: &str) -> &str {
@@ -197,23 +215,40 @@ pub fn parse(path: &str, text: &str) -> Result<Vec<Entry>> {
             return Err(cerr(
                 path,
                 i + 1,
-                format!("expected <name> <origin> <cache> [<options>], found {} fields", f.len()),
+                format!(
+                    "expected <name> <origin> <cache> [<options>], found {} fields",
+                    f.len()
+                ),
             ));
         }
         if !valid_name(f[0]) {
             return Err(cerr(path, i + 1, format!("invalid device name '{}'", f[0])));
         }
         if out.iter().any(|e| e.name == f[0]) {
-            return Err(cerr(path, i + 1, format!("device '{}' is listed twice", f[0])));
+            return Err(cerr(
+                path,
+                i + 1,
+                format!("device '{}' is listed twice", f[0]),
+            ));
         }
         let origin = DevRef::parse(f[1]).map_err(|m| cerr(path, i + 1, format!("origin: {m}")))?;
         let cache = DevRef::parse(f[2]).map_err(|m| cerr(path, i + 1, format!("cache: {m}")))?;
         if origin == cache {
-            return Err(cerr(path, i + 1, "origin and cache are the same device".into()));
+            return Err(cerr(
+                path,
+                i + 1,
+                "origin and cache are the same device".into(),
+            ));
         }
-        let options = Options::parse(f.get(3).copied().unwrap_or("-"))
-            .map_err(|m| cerr(path, i + 1, m))?;
-        out.push(Entry { name: f[0].into(), origin, cache, options, line: i + 1 });
+        let options =
+            Options::parse(f.get(3).copied().unwrap_or("-")).map_err(|m| cerr(path, i + 1, m))?;
+        out.push(Entry {
+            name: f[0].into(),
+            origin,
+            cache,
+            options,
+            line: i + 1,
+        });
     }
     Ok(out)
 }
@@ -283,7 +318,13 @@ dash   vg/a2 vg/b2 -
         let v = parse("t.conf", SAMPLE).unwrap();
         assert_eq!(v.len(), 4);
         assert_eq!(v[0].name, "data");
-        assert_eq!(v[0].origin, DevRef::Lv { vg: "vg0".into(), lv: "data".into() });
+        assert_eq!(
+            v[0].origin,
+            DevRef::Lv {
+                vg: "vg0".into(),
+                lv: "data".into()
+            }
+        );
         assert_eq!(v[0].options.block_size, 128);
         assert_eq!(v[0].options.tunables, vec![(Key::BridgeGapKb, 256)]);
         assert_eq!(v[0].line, 2);
@@ -307,7 +348,10 @@ dash   vg/a2 vg/b2 -
         err("a vg/b vg/c x y\n", "found 5 fields");
         err("a b vg/c\n", "neither VG/LV");
         err("a vg/b vg/b\n", "same device");
-        err("a vg/b vg/c\na vg/d vg/e\n", "t.conf:2: device 'a' is listed twice");
+        err(
+            "a vg/b vg/c\na vg/d vg/e\n",
+            "t.conf:2: device 'a' is listed twice",
+        );
         err("a vg/b vg/c block_size=12K\n", "power of two");
         err("a vg/b vg/c block_size=100b\n", "whole number of sectors");
         err("a vg/b vg/c mode=fast\n", "mode=fast");
@@ -322,8 +366,14 @@ dash   vg/a2 vg/b2 -
     fn roundtrip_and_edit() {
         let e = Entry {
             name: "new".into(),
-            origin: DevRef::Lv { vg: "vg".into(), lv: "slow".into() },
-            cache: DevRef::Lv { vg: "vg".into(), lv: "fast".into() },
+            origin: DevRef::Lv {
+                vg: "vg".into(),
+                lv: "slow".into(),
+            },
+            cache: DevRef::Lv {
+                vg: "vg".into(),
+                lv: "fast".into(),
+            },
             options: Options {
                 block_size: 8,
                 mode: Some(Mode::Writeback),
@@ -337,7 +387,10 @@ dash   vg/a2 vg/b2 -
         let v = parse("x", &t).unwrap();
         assert_eq!(v.len(), 1);
         assert_eq!(v[0].options, e.options);
-        assert_eq!(v[0].to_line(), "new\tvg/slow\tvg/fast\tblock_size=4K,mode=writeback,flush_depth=64");
+        assert_eq!(
+            v[0].to_line(),
+            "new\tvg/slow\tvg/fast\tblock_size=4K,mode=writeback,flush_depth=64"
+        );
 
         let t2 = upsert(SAMPLE, &e);
         assert_eq!(parse("x", &t2).unwrap().len(), 5);
@@ -368,6 +421,9 @@ dash   vg/a2 vg/b2 -
         assert!(DevRef::parse("/dev/disk/by-id/x").is_ok());
         assert!(DevRef::parse("lv").is_err());
         assert!(Options::parse("block_size=1M").unwrap().block_size == 2048);
-        assert_eq!(Options::parse("block_size=1M").unwrap().to_field(), "block_size=1M");
+        assert_eq!(
+            Options::parse("block_size=1M").unwrap().to_field(),
+            "block_size=1M"
+        );
     }
 }

@@ -33,7 +33,12 @@ pub struct Target {
 
 impl Target {
     pub fn new(start: u64, len: u64, ttype: &str, params: String) -> Target {
-        Target { start, len, ttype: ttype.into(), params }
+        Target {
+            start,
+            len,
+            ttype: ttype.into(),
+            params,
+        }
     }
 }
 
@@ -77,17 +82,22 @@ fn ioctl_errno(e: &devicemapper::DmError) -> Option<i32> {
 /// Map a crate error to ours, naming the device and the operation.
 fn map_err(e: devicemapper::DmError, name: &str, op: &str) -> Error {
     match ioctl_errno(&e) {
-        Some(libc::ENXIO) | Some(libc::ENODEV) => not_found(format!(
-            "{name}: no such device-mapper device"
-        ))
-        .hint("'tiercache list' shows the cached devices"),
+        Some(libc::ENXIO) | Some(libc::ENODEV) => {
+            not_found(format!("{name}: no such device-mapper device"))
+                .hint("'tiercache list' shows the cached devices")
+        }
         Some(libc::EBUSY) => busy(format!("{name}: {op}: device or resource busy")),
-        Some(libc::EEXIST) => busy(format!("{name}: a device-mapper device of that name already exists"))
-            .hint("choose another name, or remove the existing device first"),
+        Some(libc::EEXIST) => busy(format!(
+            "{name}: a device-mapper device of that name already exists"
+        ))
+        .hint("choose another name, or remove the existing device first"),
         Some(libc::EACCES) | Some(libc::EPERM) => {
             failure(format!("{name}: {op}: permission denied")).hint("run as root")
         }
-        Some(n) => Error::new(Kind::Failure, format!("{name}: {op} failed: {}", errno_name(n))),
+        Some(n) => Error::new(
+            Kind::Failure,
+            format!("{name}: {op} failed: {}", errno_name(n)),
+        ),
         None => failure(format!("{name}: {op} failed: {e}")),
     }
 }
@@ -116,7 +126,10 @@ fn to_info(i: &devicemapper::DeviceInfo, fallback_name: &str) -> DevInfo {
     let f = i.flags();
     let d = i.device();
     DevInfo {
-        name: i.name().map(|n| n.to_string()).unwrap_or_else(|| fallback_name.to_string()),
+        name: i
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_else(|| fallback_name.to_string()),
         uuid: i.uuid().map(|u| u.to_string()).filter(|u| !u.is_empty()),
         devno: (d.major, d.minor),
         open_count: i.open_count(),
@@ -130,13 +143,21 @@ fn to_info(i: &devicemapper::DeviceInfo, fallback_name: &str) -> DevInfo {
 
 fn to_targets(v: Vec<(u64, u64, String, String)>) -> Vec<Target> {
     v.into_iter()
-        .map(|(start, len, ttype, params)| Target { start, len, ttype, params })
+        .map(|(start, len, ttype, params)| Target {
+            start,
+            len,
+            ttype,
+            params,
+        })
         .collect()
 }
 
 impl Dm for KernelDm {
     fn list(&self) -> Result<Vec<String>> {
-        let v = self.dm.list_devices().map_err(|e| map_err(e, "device-mapper", "list"))?;
+        let v = self
+            .dm
+            .list_devices()
+            .map_err(|e| map_err(e, "device-mapper", "list"))?;
         let mut names: Vec<String> = v.into_iter().map(|(n, _, _)| n.to_string()).collect();
         names.sort();
         Ok(names)
@@ -153,15 +174,22 @@ impl Dm for KernelDm {
 
     fn table(&self, name: &str) -> Result<Vec<Target>> {
         let id = devicemapper::DevId::Name(dm_name(name)?);
-        let opts = devicemapper::DmOptions::default().set_flags(devicemapper::DmFlags::DM_STATUS_TABLE);
-        let (_, t) = self.dm.table_status(&id, opts).map_err(|e| map_err(e, name, "table"))?;
+        let opts =
+            devicemapper::DmOptions::default().set_flags(devicemapper::DmFlags::DM_STATUS_TABLE);
+        let (_, t) = self
+            .dm
+            .table_status(&id, opts)
+            .map_err(|e| map_err(e, name, "table"))?;
         Ok(to_targets(t))
     }
 
     fn status(&self, name: &str) -> Result<Vec<Target>> {
         let id = devicemapper::DevId::Name(dm_name(name)?);
         let opts = devicemapper::DmOptions::default().set_flags(devicemapper::DmFlags::DM_NOFLUSH);
-        let (_, t) = self.dm.table_status(&id, opts).map_err(|e| map_err(e, name, "status"))?;
+        let (_, t) = self
+            .dm
+            .table_status(&id, opts)
+            .map_err(|e| map_err(e, name, "status"))?;
         Ok(to_targets(t))
     }
 
@@ -194,7 +222,9 @@ impl Dm for KernelDm {
 
     fn clear_inactive(&self, name: &str) -> Result<()> {
         let id = devicemapper::DevId::Name(dm_name(name)?);
-        self.dm.table_clear(&id).map_err(|e| map_err(e, name, "table clear"))?;
+        self.dm
+            .table_clear(&id)
+            .map_err(|e| map_err(e, name, "table clear"))?;
         Ok(())
     }
 
@@ -238,7 +268,11 @@ impl Dm for KernelDm {
 
     fn wait_event(&self, timeout: Duration) -> Result<()> {
         use std::os::unix::io::AsRawFd;
-        let mut pfd = libc::pollfd { fd: self.dm.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let mut pfd = libc::pollfd {
+            fd: self.dm.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
         let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
         // SAFETY: one valid pollfd.
         let r = unsafe { libc::poll(&mut pfd, 1, ms) };
@@ -250,7 +284,10 @@ impl Dm for KernelDm {
     }
 
     fn target_types(&self) -> Result<Vec<String>> {
-        let v = self.dm.list_versions().map_err(|e| map_err(e, "device-mapper", "list versions"))?;
+        let v = self
+            .dm
+            .list_versions()
+            .map_err(|e| map_err(e, "device-mapper", "list versions"))?;
         Ok(v.into_iter().map(|(n, _, _, _)| n).collect())
     }
 }

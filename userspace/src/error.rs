@@ -50,12 +50,25 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub fn new(kind: Kind, msg: impl Into<String>) -> Self {
-        Error { kind, msg: msg.into(), hint: None }
+        Error {
+            kind,
+            msg: msg.into(),
+            hint: None,
+        }
     }
     pub fn hint(mut self, hint: impl Into<String>) -> Self {
         self.hint = Some(hint.into());
         self
     }
+    /// The form printed on stderr: `tiercache: MSG` and `tiercache: hint: HINT`.
+    pub fn report(&self) -> String {
+        let mut s = format!("tiercache: {}\n", self.msg);
+        if let Some(h) = &self.hint {
+            s += &format!("tiercache: hint: {h}\n");
+        }
+        s
+    }
+
     /// Prefix the message with the device (or other object) it concerns.
     pub fn context(mut self, what: &str) -> Self {
         self.msg = format!("{what}: {}", self.msg);
@@ -149,6 +162,9 @@ mod tests {
     #[test]
     fn display_with_hint() {
         let e = busy("slow: device is open").hint("unmount it first");
-        assert_eq!(e.to_string(), "slow: device is open\nhint: unmount it first");
+        assert_eq!(
+            e.to_string(),
+            "slow: device is open\nhint: unmount it first"
+        );
     }
 }

@@ -60,8 +60,14 @@ impl Sim {
     }
 
     fn line(&self) -> String {
-        let avg = if self.wb_requests > 0 { self.wb_sectors / 2 / self.wb_requests } else { 0 };
-        let ratio = if self.wb_requests > 0 { self.wb_blocks as f64 / self.wb_requests as f64 } else { 0.0 };
+        let avg = (self.wb_sectors / 2)
+            .checked_div(self.wb_requests)
+            .unwrap_or(0);
+        let ratio = if self.wb_requests > 0 {
+            self.wb_blocks as f64 / self.wb_requests as f64
+        } else {
+            0.0
+        };
         format!(
             "{} {} {}/{} {} 0 0 0 0 0 {} {} {} {} {} {:.2} 0 4 {} {} {}",
             self.mode,
@@ -206,7 +212,9 @@ impl Dm for FakeDm {
     fn status(&self, name: &str) -> Result<Vec<Target>> {
         let mut devs = self.devs.borrow_mut();
         let d = devs.get_mut(name).ok_or_else(|| Self::nodev(name))?;
-        let Some(t) = d.table.first().cloned() else { return Ok(vec![]) };
+        let Some(t) = d.table.first().cloned() else {
+            return Ok(vec![]);
+        };
         if t.ttype != TARGET_TYPE {
             return Ok(vec![Target::new(t.start, t.len, &t.ttype, String::new())]);
         }
@@ -214,7 +222,11 @@ impl Dm for FakeDm {
         if !d.info.suspended && sim.tick() {
             d.info.event_nr += 1;
         }
-        let line = self.bad_status.borrow().clone().unwrap_or_else(|| sim.line());
+        let line = self
+            .bad_status
+            .borrow()
+            .clone()
+            .unwrap_or_else(|| sim.line());
         Ok(vec![Target::new(t.start, t.len, TARGET_TYPE, line)])
     }
     fn create(&self, name: &str, uuid: Option<&str>) -> Result<DevInfo> {
@@ -236,7 +248,12 @@ impl Dm for FakeDm {
         };
         self.devs.borrow_mut().insert(
             name.into(),
-            FakeDev { info: info.clone(), table: vec![], inactive: None, sim: None },
+            FakeDev {
+                info: info.clone(),
+                table: vec![],
+                inactive: None,
+                sim: None,
+            },
         );
         self.log(format!("create {name}"));
         Ok(info)
@@ -244,10 +261,17 @@ impl Dm for FakeDm {
     fn load(&self, name: &str, targets: &[Target]) -> Result<()> {
         self.log(format!(
             "load {name} {}",
-            targets.iter().map(|t| format!("{} {} {} {}", t.start, t.len, t.ttype, t.params)).collect::<Vec<_>>().join(";")
+            targets
+                .iter()
+                .map(|t| format!("{} {} {} {}", t.start, t.len, t.ttype, t.params))
+                .collect::<Vec<_>>()
+                .join(";")
         ));
         if targets.iter().any(|t| t.ttype == TARGET_TYPE) && self.reject_tiercache.get() {
-            return Err(Error::new(Kind::Failure, format!("{name}: table load failed: EINVAL")));
+            return Err(Error::new(
+                Kind::Failure,
+                format!("{name}: table load failed: EINVAL"),
+            ));
         }
         let mut devs = self.devs.borrow_mut();
         let d = devs.get_mut(name).ok_or_else(|| Self::nodev(name))?;
@@ -257,13 +281,21 @@ impl Dm for FakeDm {
     fn clear_inactive(&self, name: &str) -> Result<()> {
         self.log(format!("clear {name}"));
         let mut devs = self.devs.borrow_mut();
-        devs.get_mut(name).ok_or_else(|| Self::nodev(name))?.inactive = None;
+        devs.get_mut(name)
+            .ok_or_else(|| Self::nodev(name))?
+            .inactive = None;
         Ok(())
     }
     fn suspend(&self, name: &str, flush: bool) -> Result<()> {
-        self.log(format!("suspend {name}{}", if flush { "" } else { " noflush" }));
+        self.log(format!(
+            "suspend {name}{}",
+            if flush { "" } else { " noflush" }
+        ));
         let mut devs = self.devs.borrow_mut();
-        devs.get_mut(name).ok_or_else(|| Self::nodev(name))?.info.suspended = true;
+        devs.get_mut(name)
+            .ok_or_else(|| Self::nodev(name))?
+            .info
+            .suspended = true;
         Ok(())
     }
     fn resume(&self, name: &str) -> Result<()> {
@@ -275,7 +307,10 @@ impl Dm for FakeDm {
                 if first.ttype == TARGET_TYPE {
                     let spec = TableSpec::parse_params(&first.params).unwrap();
                     let sim = d.sim.get_or_insert_with(|| Sim::new(spec.block_size, 1024));
-                    sim.mode = spec.mode.map(|m| m.as_str().to_string()).unwrap_or("writeback".into());
+                    sim.mode = spec
+                        .mode
+                        .map(|m| m.as_str().to_string())
+                        .unwrap_or("writeback".into());
                 } else {
                     d.sim = None;
                 }
@@ -337,7 +372,14 @@ pub struct FakeHost {
 
 impl FakeHost {
     pub fn add_dev(&self, path: &str, devno: (u32, u32), size: u64) {
-        self.devs.borrow_mut().insert(path.into(), BlockDev { path: path.into(), devno, size_bytes: size });
+        self.devs.borrow_mut().insert(
+            path.into(),
+            BlockDev {
+                path: path.into(),
+                devno,
+                size_bytes: size,
+            },
+        );
         self.sizes.borrow_mut().insert(devno, size);
     }
 }
@@ -351,7 +393,11 @@ impl Host for FakeHost {
             .ok_or_else(|| not_found(format!("{path}: No such file or directory")))
     }
     fn size_of_devno(&self, devno: (u32, u32)) -> Result<u64> {
-        self.sizes.borrow().get(&devno).copied().ok_or_else(|| not_found("no such devno"))
+        self.sizes
+            .borrow()
+            .get(&devno)
+            .copied()
+            .ok_or_else(|| not_found("no such devno"))
     }
     fn in_use(&self, bd: &BlockDev) -> Result<Option<String>> {
         Ok(self.users.borrow().get(&bd.devno).cloned())
@@ -374,7 +420,10 @@ impl Host for FakeHost {
     }
     fn write_file(&self, path: &str, text: &str) -> Result<()> {
         if self.readonly_files.get() {
-            return Err(Error::new(Kind::Config, format!("{path}: cannot write: Read-only file system")));
+            return Err(Error::new(
+                Kind::Config,
+                format!("{path}: cannot write: Read-only file system"),
+            ));
         }
         self.files.borrow_mut().insert(path.into(), text.into());
         Ok(())
@@ -421,13 +470,23 @@ impl FakeLvm {
         });
     }
     pub fn get(&self, vg: &str, lv: &str) -> LvInfo {
-        self.lvs.borrow().iter().find(|l| l.vg == vg && l.lv == lv).unwrap().clone()
+        self.lvs
+            .borrow()
+            .iter()
+            .find(|l| l.vg == vg && l.lv == lv)
+            .unwrap()
+            .clone()
     }
 }
 
 impl Lvm for FakeLvm {
     fn lv(&self, vg: &str, lv: &str) -> Result<Option<LvInfo>> {
-        Ok(self.lvs.borrow().iter().find(|l| l.vg == vg && l.lv == lv).cloned())
+        Ok(self
+            .lvs
+            .borrow()
+            .iter()
+            .find(|l| l.vg == vg && l.lv == lv)
+            .cloned())
     }
     fn all(&self) -> Result<Vec<LvInfo>> {
         Ok(self.lvs.borrow().clone())
@@ -435,7 +494,10 @@ impl Lvm for FakeLvm {
     fn activate(&self, vg: &str, lv: &str) -> Result<()> {
         self.log.borrow_mut().push(format!("activate {vg}/{lv}"));
         let mut lvs = self.lvs.borrow_mut();
-        let l = lvs.iter_mut().find(|l| l.vg == vg && l.lv == lv).ok_or_else(|| not_found("lv"))?;
+        let l = lvs
+            .iter_mut()
+            .find(|l| l.vg == vg && l.lv == lv)
+            .ok_or_else(|| not_found("lv"))?;
         l.devno = self.planned.borrow().get(&format!("{vg}/{lv}")).copied();
         l.active = true;
         Ok(())
@@ -443,15 +505,23 @@ impl Lvm for FakeLvm {
     fn deactivate(&self, vg: &str, lv: &str) -> Result<()> {
         self.log.borrow_mut().push(format!("deactivate {vg}/{lv}"));
         let mut lvs = self.lvs.borrow_mut();
-        let l = lvs.iter_mut().find(|l| l.vg == vg && l.lv == lv).ok_or_else(|| not_found("lv"))?;
+        let l = lvs
+            .iter_mut()
+            .find(|l| l.vg == vg && l.lv == lv)
+            .ok_or_else(|| not_found("lv"))?;
         l.active = false;
         l.devno = None;
         Ok(())
     }
     fn mark(&self, vg: &str, lv: &str, tag: &str, on: bool) -> Result<()> {
-        self.log.borrow_mut().push(format!("mark {vg}/{lv} {tag} {on}"));
+        self.log
+            .borrow_mut()
+            .push(format!("mark {vg}/{lv} {tag} {on}"));
         let mut lvs = self.lvs.borrow_mut();
-        let l = lvs.iter_mut().find(|l| l.vg == vg && l.lv == lv).ok_or_else(|| not_found("lv"))?;
+        let l = lvs
+            .iter_mut()
+            .find(|l| l.vg == vg && l.lv == lv)
+            .ok_or_else(|| not_found("lv"))?;
         l.tags.retain(|t| t != tag);
         if on {
             l.tags.push(tag.into());
@@ -461,7 +531,9 @@ impl Lvm for FakeLvm {
     }
     fn remove(&self, vg: &str, lv: &str) -> Result<()> {
         self.log.borrow_mut().push(format!("remove {vg}/{lv}"));
-        self.lvs.borrow_mut().retain(|l| !(l.vg == vg && l.lv == lv));
+        self.lvs
+            .borrow_mut()
+            .retain(|l| !(l.vg == vg && l.lv == lv));
         Ok(())
     }
 }

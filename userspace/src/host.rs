@@ -125,24 +125,35 @@ pub fn dm_reason<'a>(msgs: impl Iterator<Item = &'a str>, devno: (u32, u32)) -> 
 impl Host for RealHost {
     fn blockdev(&self, path: &str) -> Result<BlockDev> {
         let md = fs::metadata(path).map_err(|e| {
-            not_found(format!("{path}: {}", e.to_string().split(" (os error").next().unwrap_or("")))
-                .hint("give the path of an existing block device")
+            not_found(format!(
+                "{path}: {}",
+                e.to_string().split(" (os error").next().unwrap_or("")
+            ))
+            .hint("give the path of an existing block device")
         })?;
         if !md.file_type().is_block_device() {
-            return Err(Error::new(Kind::Usage, format!("{path}: not a block device")));
+            return Err(Error::new(
+                Kind::Usage,
+                format!("{path}: not a block device"),
+            ));
         }
         let rdev = md.rdev();
         let devno = (libc::major(rdev), libc::minor(rdev));
         let size_bytes = self.size_of_devno(devno)?;
-        Ok(BlockDev { path: path.to_string(), devno, size_bytes })
+        Ok(BlockDev {
+            path: path.to_string(),
+            devno,
+            size_bytes,
+        })
     }
 
     fn size_of_devno(&self, devno: (u32, u32)) -> Result<u64> {
         let p = format!("{}/size", sysfs_dev(devno));
         let s = read_trim(&p)
             .ok_or_else(|| not_found(format!("block device {}:{} not found", devno.0, devno.1)))?;
-        let sectors: u64 =
-            s.parse().map_err(|_| failure(format!("{p}: unexpected content '{s}'")))?;
+        let sectors: u64 = s
+            .parse()
+            .map_err(|_| failure(format!("{p}: unexpected content '{s}'")))?;
         Ok(sectors * 512)
     }
 
@@ -169,11 +180,15 @@ impl Host for RealHost {
                 return Ok(Some(format!("mounted on {}", m.join(", "))));
             }
         }
-        match fs::OpenOptions::new().read(true).custom_flags(libc::O_EXCL).open(&bd.path) {
+        match fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_EXCL)
+            .open(&bd.path)
+        {
             Ok(_) => Ok(None),
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                Ok(Some("open exclusively by another program (swap, RAID, filesystem?)".into()))
-            }
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(Some(
+                "open exclusively by another program (swap, RAID, filesystem?)".into(),
+            )),
             // No node (no udev): the holder and mount checks above stand.
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
             Err(e) => Err(failure(format!("{}: cannot open: {e}", bd.path))),
@@ -254,11 +269,14 @@ impl Host for RealHost {
         let _ = fs::create_dir_all(dir);
         let link = format!("{dir}/{name}");
         let target = format!("../mapper/{name}");
-        if fs::read_link(&link).ok().map(|t| t.to_string_lossy().into_owned()) != Some(target.clone()) {
+        if fs::read_link(&link)
+            .ok()
+            .map(|t| t.to_string_lossy().into_owned())
+            != Some(target.clone())
+        {
             let _ = fs::remove_file(&link);
-            std::os::unix::fs::symlink(&target, &link).map_err(|e| {
-                failure(format!("{name}: cannot create {link}: {e}"))
-            })?;
+            std::os::unix::fs::symlink(&target, &link)
+                .map_err(|e| failure(format!("{name}: cannot create {link}: {e}")))?;
         }
         Ok(())
     }
@@ -282,7 +300,10 @@ impl Host for RealHost {
         match fs::read_to_string(path) {
             Ok(s) => Ok(Some(s)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Error::new(Kind::Config, format!("{path}: cannot read: {e}"))),
+            Err(e) => Err(Error::new(
+                Kind::Config,
+                format!("{path}: cannot read: {e}"),
+            )),
         }
     }
 
@@ -310,7 +331,10 @@ impl Host for RealHost {
 
     fn now(&self) -> f64 {
         static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-        START.get_or_init(std::time::Instant::now).elapsed().as_secs_f64()
+        START
+            .get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_secs_f64()
     }
 
     fn sleep(&self, secs: f64) {
@@ -360,6 +384,9 @@ mod tests {
             "tiercache: Invalid block size (power of two from 8 to 2048 sectors) (-EINVAL) \
              [Invalid block size: 12 (power of two from 8 to 2048 sectors)]"
         );
-        assert_eq!(kmsg_text("3,123,456,-;device-mapper: x\n SUBSYSTEM=block\n"), Some("device-mapper: x"));
+        assert_eq!(
+            kmsg_text("3,123,456,-;device-mapper: x\n SUBSYSTEM=block\n"),
+            Some("device-mapper: x")
+        );
     }
 }

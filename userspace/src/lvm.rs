@@ -45,7 +45,9 @@ lv_kernel_major,lv_kernel_minor,lv_tags,lv_skip_activation";
 fn field<'a>(o: &'a serde_json::Value, k: &str) -> Result<&'a str> {
     match o.get(k) {
         Some(serde_json::Value::String(s)) => Ok(s),
-        _ => Err(failure(format!("lvs report: field '{k}' missing or not a string"))),
+        _ => Err(failure(format!(
+            "lvs report: field '{k}' missing or not a string"
+        ))),
     }
 }
 
@@ -59,7 +61,9 @@ pub fn parse_lvs_json(text: &str) -> Result<Vec<LvInfo>> {
         .and_then(|r| r.as_array())
         .ok_or_else(|| failure("lvs report: no 'report' array"))?;
     for r in reports {
-        let Some(lvs) = r.get("lv").and_then(|l| l.as_array()) else { continue };
+        let Some(lvs) = r.get("lv").and_then(|l| l.as_array()) else {
+            continue;
+        };
         for o in lvs {
             let size_s = field(o, "lv_size")?;
             let size_bytes = size_s
@@ -87,7 +91,11 @@ pub fn parse_lvs_json(text: &str) -> Result<Vec<LvInfo>> {
                 size_bytes,
                 attr,
                 active,
-                devno: if maj >= 0 && min >= 0 { Some((maj as u32, min as u32)) } else { None },
+                devno: if maj >= 0 && min >= 0 {
+                    Some((maj as u32, min as u32))
+                } else {
+                    None
+                },
                 tags,
                 skip_activation: skip == "skip activation" || skip == "1" || skip == "yes",
             });
@@ -128,8 +136,7 @@ fn lvm(args: &[&str]) -> Result<(i32, String, String)> {
     c.args(&args[1..]);
     c.env("LVM_SUPPRESS_FD_WARNINGS", "1");
     let out = c.output().map_err(|e| {
-        failure(format!("cannot run 'lvm {}': {e}", args[0]))
-            .hint("install the lvm2 package")
+        failure(format!("cannot run 'lvm {}': {e}", args[0])).hint("install the lvm2 package")
     })?;
     Ok((
         out.status.code().unwrap_or(-1),
@@ -143,7 +150,11 @@ fn checked(args: &[&str]) -> Result<String> {
     if rc != 0 {
         return Err(Error::new(
             Kind::Failure,
-            format!("'lvm {}' failed (exit {rc}): {}", args.join(" "), err.replace('\n', "; ")),
+            format!(
+                "'lvm {}' failed (exit {rc}): {}",
+                args.join(" "),
+                err.replace('\n', "; ")
+            ),
         ));
     }
     Ok(out)
@@ -153,7 +164,15 @@ impl Lvm for LvmCmd {
     fn lv(&self, vg: &str, lv: &str) -> Result<Option<LvInfo>> {
         let name = format!("{vg}/{lv}");
         let (rc, out, err) = lvm(&[
-            "lvs", "--reportformat", "json", "--units", "b", "--nosuffix", "-o", LVS_FIELDS, &name,
+            "lvs",
+            "--reportformat",
+            "json",
+            "--units",
+            "b",
+            "--nosuffix",
+            "-o",
+            LVS_FIELDS,
+            &name,
         ])?;
         if rc != 0 {
             if err.contains("Failed to find")
@@ -169,7 +188,14 @@ impl Lvm for LvmCmd {
 
     fn all(&self) -> Result<Vec<LvInfo>> {
         let out = checked(&[
-            "lvs", "--reportformat", "json", "--units", "b", "--nosuffix", "-o", LVS_FIELDS,
+            "lvs",
+            "--reportformat",
+            "json",
+            "--units",
+            "b",
+            "--nosuffix",
+            "-o",
+            LVS_FIELDS,
         ])?;
         parse_lvs_json(&out)
     }
@@ -184,7 +210,11 @@ impl Lvm for LvmCmd {
 
     fn mark(&self, vg: &str, lv: &str, tag: &str, on: bool) -> Result<()> {
         let name = format!("{vg}/{lv}");
-        let (tag_op, skip) = if on { ("--addtag", "y") } else { ("--deltag", "n") };
+        let (tag_op, skip) = if on {
+            ("--addtag", "y")
+        } else {
+            ("--deltag", "n")
+        };
         checked(&["lvchange", tag_op, tag, "--setactivationskip", skip, &name]).map(|_| ())
     }
 
@@ -239,7 +269,10 @@ mod tests {
     fn parse_bad_reports() {
         assert!(parse_lvs_json("not json").is_err());
         assert!(parse_lvs_json("{}").is_err());
-        assert_eq!(parse_lvs_json(r#"{"report":[{"lv":[]}]}"#).unwrap().len(), 0);
+        assert_eq!(
+            parse_lvs_json(r#"{"report":[{"lv":[]}]}"#).unwrap().len(),
+            0
+        );
         assert!(parse_lvs_json(r#"{"report":[{"lv":[{"vg_name":"a"}]}]}"#).is_err());
     }
 }

@@ -106,7 +106,10 @@ impl CacheOpts {
     fn to_options(&self) -> Result<Options> {
         let bytes = tiercache::units::parse_size("block size", &self.block_size)?;
         if bytes % 512 != 0 {
-            return Err(usage(format!("invalid block size '{}': not a whole number of 512-byte sectors", self.block_size)));
+            return Err(usage(format!(
+                "invalid block size '{}': not a whole number of 512-byte sectors",
+                self.block_size
+            )));
         }
         let block_size = table::check_block_size(bytes / 512)?;
         let mut tunables = vec![];
@@ -129,7 +132,12 @@ impl CacheOpts {
             spec.set(*k, *v);
         }
         spec.validate()?;
-        Ok(Options { block_size, mode: self.mode.map(Into::into), tunables, noauto: false })
+        Ok(Options {
+            block_size,
+            mode: self.mode.map(Into::into),
+            tunables,
+            noauto: false,
+        })
     }
 }
 
@@ -149,8 +157,10 @@ struct WaitOpts {
 impl WaitOpts {
     fn to_opts(self) -> Result<FlushOpts> {
         if let Some(t) = self.timeout {
-            if !(t > 0.0) || !t.is_finite() {
-                return Err(usage(format!("invalid --timeout {t}: must be a positive number of seconds")));
+            if t.is_nan() || t <= 0.0 || !t.is_finite() {
+                return Err(usage(format!(
+                    "invalid --timeout {t}: must be a positive number of seconds"
+                )));
             }
         }
         let progress = if self.quiet {
@@ -162,7 +172,10 @@ impl WaitOpts {
                 ProgressArg::None => ProgressMode::Quiet,
             }
         };
-        Ok(FlushOpts { timeout: self.timeout, progress })
+        Ok(FlushOpts {
+            timeout: self.timeout,
+            progress,
+        })
     }
 }
 
@@ -313,13 +326,29 @@ type Action = Box<dyn FnOnce(&Ctx) -> Result<()>>;
 /// as one (exit 2) even without root or device-mapper.
 fn plan(cmd: Cmd) -> Result<Action> {
     Ok(match cmd {
-        Cmd::Create { name, origin, cache, opts, save } => {
+        Cmd::Create {
+            name,
+            origin,
+            cache,
+            opts,
+            save,
+        } => {
             let origin = DevRef::parse(&origin).map_err(|e| usage(format!("origin: {e}")))?;
             let cache = DevRef::parse(&cache).map_err(|e| usage(format!("cache: {e}")))?;
-            let s = Setup { name, origin, cache, options: opts.to_options()? };
+            let s = Setup {
+                name,
+                origin,
+                cache,
+                options: opts.to_options()?,
+            };
             Box::new(move |c| c.create(&s, save))
         }
-        Cmd::Remove { name, no_flush, force, wait } => {
+        Cmd::Remove {
+            name,
+            no_flush,
+            force,
+            wait,
+        } => {
             let o = wait.to_opts()?;
             Box::new(move |c| c.remove(&name, no_flush, force, o))
         }
@@ -331,9 +360,20 @@ fn plan(cmd: Cmd) -> Result<Action> {
             }
             Box::new(move |c| c.flush(&name, wait, o))
         }
-        Cmd::Set { name, key, value, save } => Box::new(move |c| c.set(&name, &key, &value, save)),
+        Cmd::Set {
+            name,
+            key,
+            value,
+            save,
+        } => Box::new(move |c| c.set(&name, &key, &value, save)),
         Cmd::List { json } => Box::new(move |c| c.list(json)),
-        Cmd::Attach { origin, cache, name, opts, no_save } => {
+        Cmd::Attach {
+            origin,
+            cache,
+            name,
+            opts,
+            no_save,
+        } => {
             for (what, v) in [("origin", &origin), ("--cache", &cache)] {
                 if !matches!(DevRef::parse(v), Ok(DevRef::Lv { .. })) {
                     return Err(usage(format!(
@@ -349,20 +389,33 @@ fn plan(cmd: Cmd) -> Result<Action> {
             let options = opts.to_options()?;
             Box::new(move |c| c.attach(&origin, &cache, name.as_deref(), options, !no_save))
         }
-        Cmd::Detach { name, split: _, uncache, wait } => {
+        Cmd::Detach {
+            name,
+            split: _,
+            uncache,
+            wait,
+        } => {
             let o = wait.to_opts()?;
-            let m = if uncache { DetachCache::Uncache } else { DetachCache::Split };
+            let m = if uncache {
+                DetachCache::Uncache
+            } else {
+                DetachCache::Split
+            };
             Box::new(move |c| c.detach(&name, m, o))
         }
         Cmd::Activate { all, names } => {
-            if all == !names.is_empty() {
-                return Err(usage("give either --all or the names of devices listed in the configuration file"));
+            if all != names.is_empty() {
+                return Err(usage(
+                    "give either --all or the names of devices listed in the configuration file",
+                ));
             }
             Box::new(move |c| c.activate(all, &names))
         }
         Cmd::Deactivate { all, names, wait } => {
-            if all == !names.is_empty() {
-                return Err(usage("give either --all or the names of devices listed in the configuration file"));
+            if all != names.is_empty() {
+                return Err(usage(
+                    "give either --all or the names of devices listed in the configuration file",
+                ));
             }
             let o = wait.to_opts()?;
             Box::new(move |c| c.deactivate(all, &names, o))
@@ -391,10 +444,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tiercache: {}", e.msg);
-            if let Some(h) = &e.hint {
-                eprintln!("tiercache: hint: {h}");
-            }
+            eprint!("{}", e.report());
             ExitCode::from(e.kind.exit_code() as u8)
         }
     }

@@ -50,9 +50,15 @@ pub struct CacheDev {
 pub enum DevKind {
     Cached(Box<CacheDev>),
     /// Made by this tool, now a linear mapping of its origin (after detach).
-    Detached { info: DevInfo, table: Vec<Target> },
+    Detached {
+        info: DevInfo,
+        table: Vec<Target>,
+    },
     /// Some other device-mapper device.
-    Other { info: DevInfo, table: Vec<Target> },
+    Other {
+        info: DevInfo,
+        table: Vec<Target>,
+    },
 }
 
 /// What `create`, `attach` and `activate` need to build a device.
@@ -104,9 +110,14 @@ impl<'a> Ctx<'a> {
     // ----------------------------------------------------------------
 
     pub fn classify(&self, name: &str) -> Result<Option<DevKind>> {
-        let Some(info) = self.dm.info(name)? else { return Ok(None) };
+        let Some(info) = self.dm.info(name)? else {
+            return Ok(None);
+        };
         if !info.active_table {
-            return Ok(Some(DevKind::Other { info, table: vec![] }));
+            return Ok(Some(DevKind::Other {
+                info,
+                table: vec![],
+            }));
         }
         let table = self.dm.table(name)?;
         if table.len() == 1 && table[0].ttype == TARGET_TYPE {
@@ -114,7 +125,10 @@ impl<'a> Ctx<'a> {
             let spec = TableSpec::parse_params(&t.params).map_err(|e| e.context(name))?;
             let st = self.dm.status(name)?;
             if st.len() != 1 || st[0].ttype != TARGET_TYPE {
-                return Err(Error::new(Kind::Kernel, format!("{name}: unexpected status layout")));
+                return Err(Error::new(
+                    Kind::Kernel,
+                    format!("{name}: unexpected status layout"),
+                ));
             }
             let status = Status::parse_params(&st[0].params).map_err(|e| e.context(name))?;
             return Ok(Some(DevKind::Cached(Box::new(CacheDev {
@@ -125,7 +139,10 @@ impl<'a> Ctx<'a> {
                 status,
             }))));
         }
-        let ours = info.uuid.as_deref().is_some_and(|u| u.starts_with(UUID_PREFIX));
+        let ours = info
+            .uuid
+            .as_deref()
+            .is_some_and(|u| u.starts_with(UUID_PREFIX));
         if ours && table.iter().all(|t| t.ttype == "linear") {
             return Ok(Some(DevKind::Detached { info, table }));
         }
@@ -141,12 +158,20 @@ impl<'a> Ctx<'a> {
             Some(DevKind::Detached { .. }) => Err(not_found(format!(
                 "{name}: not a cache any more: detached, now a linear mapping of its origin"
             ))
-            .hint(format!("remove it with 'tiercache remove {name}' once it is unused"))),
+            .hint(format!(
+                "remove it with 'tiercache remove {name}' once it is unused"
+            ))),
             Some(DevKind::Other { table, .. }) => {
                 let types: Vec<&str> = table.iter().map(|t| t.ttype.as_str()).collect();
-                let what = if types.is_empty() { "no active table".to_string() } else { format!("table type {}", types.join(",")) };
-                Err(not_found(format!("{name}: not a tiercache device ({what})"))
-                    .hint("'tiercache list' shows the cached devices"))
+                let what = if types.is_empty() {
+                    "no active table".to_string()
+                } else {
+                    format!("table type {}", types.join(","))
+                };
+                Err(
+                    not_found(format!("{name}: not a tiercache device ({what})"))
+                        .hint("'tiercache list' shows the cached devices"),
+                )
             }
         }
     }
@@ -186,7 +211,12 @@ impl<'a> Ctx<'a> {
     // Creating
     // ----------------------------------------------------------------
 
-    fn resolve(&self, r: &DevRef, role: &str, activate: bool) -> Result<(BlockDev, Option<LvInfo>)> {
+    fn resolve(
+        &self,
+        r: &DevRef,
+        role: &str,
+        activate: bool,
+    ) -> Result<(BlockDev, Option<LvInfo>)> {
         match r {
             DevRef::Path(p) => {
                 let bd = self.host.blockdev(p).map_err(|e| e.context(role))?;
@@ -196,17 +226,28 @@ impl<'a> Ctx<'a> {
                 let mut info = lvm::require_lv(self.lvm, vg, lv).map_err(|e| e.context(role))?;
                 if info.devno.is_none() {
                     if !activate {
-                        return Err(failure(format!("{role}: logical volume {vg}/{lv} is not active"))
-                            .hint(format!("activate it: lvchange -ay {vg}/{lv}")));
+                        return Err(failure(format!(
+                            "{role}: logical volume {vg}/{lv} is not active"
+                        ))
+                        .hint(format!("activate it: lvchange -ay {vg}/{lv}")));
                     }
                     self.lvm.activate(vg, lv).map_err(|e| e.context(role))?;
                     info = lvm::require_lv(self.lvm, vg, lv)?;
                 }
                 let devno = info.devno.ok_or_else(|| {
-                    failure(format!("{role}: logical volume {vg}/{lv} did not become active"))
+                    failure(format!(
+                        "{role}: logical volume {vg}/{lv} did not become active"
+                    ))
                 })?;
                 let size_bytes = self.host.size_of_devno(devno)?;
-                Ok((BlockDev { path: info.path.clone(), devno, size_bytes }, Some(info)))
+                Ok((
+                    BlockDev {
+                        path: info.path.clone(),
+                        devno,
+                        size_bytes,
+                    },
+                    Some(info),
+                ))
             }
         }
     }
@@ -220,7 +261,10 @@ impl<'a> Ctx<'a> {
     }
 
     fn ensure_target(&self) -> Result<()> {
-        let have = |s: &Self| s.dm.target_types().map(|v| v.iter().any(|t| t == TARGET_TYPE));
+        let have = |s: &Self| {
+            s.dm.target_types()
+                .map(|v| v.iter().any(|t| t == TARGET_TYPE))
+        };
         if have(self)? {
             return Ok(());
         }
@@ -228,14 +272,21 @@ impl<'a> Ctx<'a> {
         if have(self)? {
             return Ok(());
         }
-        Err(Error::new(Kind::Kernel, "the tiercache device-mapper target is not available")
-            .hint("load the module: 'modprobe dm-tiercache' (or 'insmod dm-tiercache.ko')"))
+        Err(Error::new(
+            Kind::Kernel,
+            "the tiercache device-mapper target is not available",
+        )
+        .hint("load the module: 'modprobe dm-tiercache' (or 'insmod dm-tiercache.ko')"))
     }
 
     /// Build the table for `s` and bring the device up.  LVs are activated
     /// if `activate` (cache first: an origin is never exposed when its cache
     /// cannot be set up).  Returns the device and the LVs used.
-    pub fn setup(&self, s: &Setup, activate: bool) -> Result<(DevInfo, Option<LvInfo>, Option<LvInfo>)> {
+    pub fn setup(
+        &self,
+        s: &Setup,
+        activate: bool,
+    ) -> Result<(DevInfo, Option<LvInfo>, Option<LvInfo>)> {
         if !config::valid_name(&s.name) {
             return Err(usage(format!(
                 "'{}' is not a valid device name (letters, digits, '+', '_', '.', '-'; not starting with '-')",
@@ -243,11 +294,17 @@ impl<'a> Ctx<'a> {
             )));
         }
         if self.dm.info(&s.name)?.is_some() {
-            return Err(busy(format!("{}: a device-mapper device of that name already exists", s.name))
-                .hint("choose another name, or remove the existing device first"));
+            return Err(busy(format!(
+                "{}: a device-mapper device of that name already exists",
+                s.name
+            ))
+            .hint("choose another name, or remove the existing device first"));
         }
         if s.origin == s.cache {
-            return Err(usage(format!("the cache may not be the origin ({})", s.origin)));
+            return Err(usage(format!(
+                "the cache may not be the origin ({})",
+                s.origin
+            )));
         }
         let (cache, cache_lv) = self.resolve(&s.cache, "cache", activate)?;
         let (origin, origin_lv) = self.resolve(&s.origin, "origin", activate)?;
@@ -291,7 +348,11 @@ impl<'a> Ctx<'a> {
             let reason = self.host.kernel_error(info.devno);
             let _ = self.dm.remove(&s.name);
             let mut err = Error::new(
-                if e.kind == Kind::Busy { Kind::Busy } else { Kind::Failure },
+                if e.kind == Kind::Busy {
+                    Kind::Busy
+                } else {
+                    Kind::Failure
+                },
                 format!(
                     "{}: the kernel refused the table '0 {len} {TARGET_TYPE} {}': {}",
                     s.name,
@@ -330,7 +391,12 @@ impl<'a> Ctx<'a> {
         outln!(
             self,
             "{}: created /dev/mapper/{} ({}:{}), origin {}, cache {}",
-            s.name, s.name, info.devno.0, info.devno.1, s.origin, s.cache
+            s.name,
+            s.name,
+            info.devno.0,
+            info.devno.1,
+            s.origin,
+            s.cache
         );
         Ok(())
     }
@@ -349,8 +415,10 @@ impl<'a> Ctx<'a> {
 
     fn config_check_free(&self, name: &str) -> Result<()> {
         if self.config_entries()?.iter().any(|e| e.name == name) {
-            return Err(busy(format!("{name}: already listed in {}", self.config_path))
-                .hint("choose another name, or remove that line"));
+            return Err(
+                busy(format!("{name}: already listed in {}", self.config_path))
+                    .hint("choose another name, or remove that line"),
+            );
         }
         Ok(())
     }
@@ -364,11 +432,14 @@ impl<'a> Ctx<'a> {
             options: s.options.clone(),
             line: 0,
         };
-        self.host.write_file(&self.config_path, &config::upsert(&text, &e))
+        self.host
+            .write_file(&self.config_path, &config::upsert(&text, &e))
     }
 
     fn config_remove(&self, name: &str) -> Result<bool> {
-        let Some(text) = self.host.read_file(&self.config_path)? else { return Ok(false) };
+        let Some(text) = self.host.read_file(&self.config_path)? else {
+            return Ok(false);
+        };
         let (new, found) = config::remove(&text, name);
         if found {
             self.host.write_file(&self.config_path, &new)?;
@@ -394,8 +465,16 @@ impl<'a> Ctx<'a> {
     }
 
     pub fn print_flush_summary(&self, name: &str, s: &FlushSummary) {
-        let avg = if s.wb_requests > 0 { s.wb_sectors as f64 / 2.0 / s.wb_requests as f64 } else { 0.0 };
-        let merge = if s.wb_requests > 0 { s.wb_blocks as f64 / s.wb_requests as f64 } else { 0.0 };
+        let avg = if s.wb_requests > 0 {
+            s.wb_sectors as f64 / 2.0 / s.wb_requests as f64
+        } else {
+            0.0
+        };
+        let merge = if s.wb_requests > 0 {
+            s.wb_blocks as f64 / s.wb_requests as f64
+        } else {
+            0.0
+        };
         outln!(
             self,
             "{name}: flushed {} in {} ({} blocks in {} origin writes, average {:.0} KiB, merge ratio {:.2}, {} bridged)",
@@ -502,7 +581,8 @@ impl<'a> Ctx<'a> {
             if let Some(tmo) = o.timeout {
                 wait = f64::min(wait, (t0 + tmo - now).max(0.01));
             }
-            self.dm.wait_event(std::time::Duration::from_secs_f64(wait))?;
+            self.dm
+                .wait_event(std::time::Duration::from_secs_f64(wait))?;
             // A fake dm returns at once; the real one may too after an
             // unrelated event.  Never spin faster than this.
             self.host.sleep(0.02);
@@ -549,8 +629,11 @@ impl<'a> Ctx<'a> {
             Some(DevKind::Detached { info, .. }) => {
                 let n = self.open_count_settled(name, &info)?;
                 if n > 0 {
-                    return Err(busy(format!("{name}: device is in use (open count {n})"))
-                        .hint(format!("unmount /dev/mapper/{name} and stop its users first")));
+                    return Err(
+                        busy(format!("{name}: device is in use (open count {n})")).hint(format!(
+                            "unmount /dev/mapper/{name} and stop its users first"
+                        )),
+                    );
                 }
                 self.dm.remove(name)?;
                 self.host.remove_nodes(name);
@@ -565,8 +648,11 @@ impl<'a> Ctx<'a> {
         };
         let n = self.open_count_settled(name, &cd.info)?;
         if n > 0 {
-            return Err(busy(format!("{name}: device is in use (open count {n})"))
-            .hint(format!("unmount /dev/mapper/{name} and stop its users first")));
+            return Err(
+                busy(format!("{name}: device is in use (open count {n})")).hint(format!(
+                    "unmount /dev/mapper/{name} and stop its users first"
+                )),
+            );
         }
         let mut flush_err = None;
         if !no_flush && cd.status.dirty_blocks > 0 {
@@ -644,7 +730,9 @@ impl<'a> Ctx<'a> {
             }
             "cleaner" => {
                 if value != "on" && value != "off" {
-                    return Err(usage(format!("invalid value '{value}' for cleaner: on or off")));
+                    return Err(usage(format!(
+                        "invalid value '{value}' for cleaner: on or off"
+                    )));
                 }
                 self.dm.message(name, &format!("cleaner {value}"))?;
             }
@@ -662,7 +750,9 @@ impl<'a> Ctx<'a> {
                 spec.validate().map_err(|e| e.context(name))?;
                 if let Err(e) = self.dm.message(name, &format!("set {key} {n}")) {
                     let why = self.host.kernel_error(cd.info.devno);
-                    return Err(e.hint(why.unwrap_or_else(|| "see 'dmesg | tail' for the reason".into())));
+                    return Err(
+                        e.hint(why.unwrap_or_else(|| "see 'dmesg | tail' for the reason".into()))
+                    );
                 }
             }
         }
@@ -684,7 +774,8 @@ impl<'a> Ctx<'a> {
                 }
             }
             let text = self.config_text()?;
-            self.host.write_file(&self.config_path, &config::upsert(&text, e))?;
+            self.host
+                .write_file(&self.config_path, &config::upsert(&text, e))?;
         }
         Ok(())
     }
@@ -706,7 +797,9 @@ impl<'a> Ctx<'a> {
             return Err(e);
         }
         if let Err(e) = self.dm.resume(name) {
-            return Err(e.hint(format!("the device may be left suspended; try 'dmsetup resume {name}'")));
+            return Err(e.hint(format!(
+                "the device may be left suspended; try 'dmsetup resume {name}'"
+            )));
         }
         Ok(())
     }
@@ -745,7 +838,10 @@ impl<'a> Ctx<'a> {
         let s = &cd.status;
         let mut o = String::new();
         let name = &cd.info.name;
-        let pct = |r: Option<f64>| r.map(|x| format!("{:.1}%", x * 100.0)).unwrap_or("--".into());
+        let pct = |r: Option<f64>| {
+            r.map(|x| format!("{:.1}%", x * 100.0))
+                .unwrap_or("--".into())
+        };
         o += &format!(
             "{name}: {} cache of {} ({}:{}){}\n",
             s.mode,
@@ -789,8 +885,13 @@ impl<'a> Ctx<'a> {
             s.write_bypass
         );
         let state = match s.flush_state {
-            FlushState::Flushing => format!("flushing (full flush, {} left)", fmt_bytes(s.dirty_bytes())),
-            FlushState::Background => format!("background writeback ({} dirty)", fmt_bytes(s.dirty_bytes())),
+            FlushState::Flushing => {
+                format!("flushing (full flush, {} left)", fmt_bytes(s.dirty_bytes()))
+            }
+            FlushState::Background => format!(
+                "background writeback ({} dirty)",
+                fmt_bytes(s.dirty_bytes())
+            ),
             FlushState::Cleaning => format!("cleaning ({} left)", fmt_bytes(s.dirty_bytes())),
             FlushState::Idle => "idle".into(),
         };
@@ -823,18 +924,30 @@ impl<'a> Ctx<'a> {
                 )
             }
         );
-        let tun: Vec<String> = cd.table.options.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let tun: Vec<String> = cd
+            .table
+            .options
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
         if !tun.is_empty() {
             o += &format!("  tunables:   {}\n", tun.join(" "));
         }
         if !s.extra.is_empty() {
-            o += &format!("  (newer module: {} more status fields not shown)\n", s.extra.len());
+            o += &format!(
+                "  (newer module: {} more status fields not shown)\n",
+                s.extra.len()
+            );
         }
         o
     }
 
     pub fn status(&self, names: &[String], json: bool) -> Result<()> {
-        let names = if names.is_empty() { self.cached_names()? } else { names.to_vec() };
+        let names = if names.is_empty() {
+            self.cached_names()?
+        } else {
+            names.to_vec()
+        };
         let mut devs = vec![];
         for n in &names {
             devs.push(self.cache_dev(n)?);
@@ -890,8 +1003,16 @@ impl<'a> Ctx<'a> {
             return Ok(());
         }
         let mut lines = vec![[
-            "NAME".to_string(), "STATE".into(), "MODE".into(), "SIZE".into(), "CACHE".into(),
-            "USED".into(), "DIRTY".into(), "FLUSH".into(), "ORIGIN".into(), "CACHE DEVICE".into(),
+            "NAME".to_string(),
+            "STATE".into(),
+            "MODE".into(),
+            "SIZE".into(),
+            "CACHE".into(),
+            "USED".into(),
+            "DIRTY".into(),
+            "FLUSH".into(),
+            "ORIGIN".into(),
+            "CACHE DEVICE".into(),
         ]];
         for r in &rows {
             let s = |k: &str| r[k].as_str().unwrap_or("-").to_string();
@@ -905,7 +1026,15 @@ impl<'a> Ctx<'a> {
                 if cached { b("cache_bytes") } else { "-".into() },
                 if cached { b("used_bytes") } else { "-".into() },
                 if cached { b("dirty_bytes") } else { "-".into() },
-                if cached { if r["error"].as_i64() != Some(0) { "ERROR".into() } else { s("flush_state") } } else { "-".into() },
+                if cached {
+                    if r["error"].as_i64() != Some(0) {
+                        "ERROR".into()
+                    } else {
+                        s("flush_state")
+                    }
+                } else {
+                    "-".into()
+                },
                 s("origin"),
                 s("cache"),
             ]);
@@ -937,26 +1066,44 @@ impl<'a> Ctx<'a> {
     fn lv_ref(s: &str, what: &str) -> Result<(String, String)> {
         match DevRef::parse(s) {
             Ok(DevRef::Lv { vg, lv }) => Ok((vg, lv)),
-            _ => Err(usage(format!("{what} '{s}' is not a logical volume name of the form VG/LV"))),
+            _ => Err(usage(format!(
+                "{what} '{s}' is not a logical volume name of the form VG/LV"
+            ))),
         }
     }
 
-    pub fn attach(&self, origin: &str, cache: &str, name: Option<&str>, options: Options, save: bool) -> Result<()> {
+    pub fn attach(
+        &self,
+        origin: &str,
+        cache: &str,
+        name: Option<&str>,
+        options: Options,
+        save: bool,
+    ) -> Result<()> {
         let (ovg, olv) = Self::lv_ref(origin, "origin")?;
         let (cvg, clv) = Self::lv_ref(cache, "--cache")?;
         let oinfo = lvm::require_lv(self.lvm, &ovg, &olv)?;
         let cinfo = lvm::require_lv(self.lvm, &cvg, &clv)?;
         for (i, role) in [(&oinfo, "origin"), (&cinfo, "cache")] {
             if i.has_tag(lvm::TAG_ORIGIN) || i.has_tag(lvm::TAG_CACHE) {
-                return Err(busy(format!("{role} {} is already part of a cached device", i.full_name()))
-                    .hint("'tiercache list' shows it; detach it first"));
+                return Err(busy(format!(
+                    "{role} {} is already part of a cached device",
+                    i.full_name()
+                ))
+                .hint("'tiercache list' shows it; detach it first"));
             }
         }
         let name = name.unwrap_or(&olv).to_string();
         let s = Setup {
             name: name.clone(),
-            origin: DevRef::Lv { vg: ovg.clone(), lv: olv.clone() },
-            cache: DevRef::Lv { vg: cvg.clone(), lv: clv.clone() },
+            origin: DevRef::Lv {
+                vg: ovg.clone(),
+                lv: olv.clone(),
+            },
+            cache: DevRef::Lv {
+                vg: cvg.clone(),
+                lv: clv.clone(),
+            },
             options,
         };
         if save {
@@ -986,14 +1133,21 @@ impl<'a> Ctx<'a> {
         outln!(
             self,
             "{name}: {}/{} cached on {}/{}; use /dev/tiercache/{name} (/dev/mapper/{name})",
-            ovg, olv, cvg, clv
+            ovg,
+            olv,
+            cvg,
+            clv
         );
         Ok(())
     }
 
     fn lv_of(&self, dev: &str) -> Option<LvInfo> {
         let d = parse_devno(dev)?;
-        self.lvm.all().ok()?.into_iter().find(|l| l.devno == Some(d))
+        self.lvm
+            .all()
+            .ok()?
+            .into_iter()
+            .find(|l| l.devno == Some(d))
     }
 
     /// Wait until the cleaner has drained every dirty block.
@@ -1007,12 +1161,18 @@ impl<'a> Ctx<'a> {
             if st.error != 0 {
                 return Err(Error::new(
                     Kind::FlushFailed,
-                    format!("{name}: writeback error {} while draining", crate::error::errno_name(st.error)),
+                    format!(
+                        "{name}: writeback error {} while draining",
+                        crate::error::errno_name(st.error)
+                    ),
                 ));
             }
             if let Some(t) = o.timeout {
                 if self.host.now() - t0 > t {
-                    return Err(Error::new(Kind::Timeout, format!("{name}: dirty data did not drain in time")));
+                    return Err(Error::new(
+                        Kind::Timeout,
+                        format!("{name}: dirty data did not drain in time"),
+                    ));
                 }
             }
             self.dm.wait_event(std::time::Duration::from_millis(200))?;
@@ -1040,7 +1200,12 @@ impl<'a> Ctx<'a> {
 
         // From here on writes go to the origin and nothing new turns dirty.
         self.dm.message(name, "cleaner on")?;
-        let linear = [Target::new(cd.start, cd.len, "linear", table::linear_params(&origin_dev))];
+        let linear = [Target::new(
+            cd.start,
+            cd.len,
+            "linear",
+            table::linear_params(&origin_dev),
+        )];
         let mut swapped = false;
         let mut last_err = None;
         for _attempt in 0..3 {
@@ -1085,8 +1250,10 @@ impl<'a> Ctx<'a> {
         if !swapped {
             let _ = self.dm.message(name, "cleaner off");
             return Err(last_err.unwrap_or_else(|| {
-                failure(format!("{name}: new dirty data kept arriving; the cache stays attached"))
-                    .hint("retry when the device is less busy")
+                failure(format!(
+                    "{name}: new dirty data kept arriving; the cache stays attached"
+                ))
+                .hint("retry when the device is less busy")
             }));
         }
 
@@ -1116,7 +1283,9 @@ impl<'a> Ctx<'a> {
         for w in &warn {
             errln!(self, "tiercache: warning: {name}: {w}");
         }
-        let origin_name = origin_lv.map(|l| l.full_name()).unwrap_or_else(|| self.describe(&origin_dev));
+        let origin_name = origin_lv
+            .map(|l| l.full_name())
+            .unwrap_or_else(|| self.describe(&origin_dev));
         outln!(
             self,
             "{name}: detached: /dev/mapper/{name} now maps {origin_name} directly; {cache_note}"
@@ -1126,7 +1295,9 @@ impl<'a> Ctx<'a> {
             "{name}: when it is no longer in use, 'tiercache remove {name}' drops the mapping"
         );
         if !warn.is_empty() {
-            return Err(failure(format!("{name}: detached, but cleaning up failed (see warnings)")));
+            return Err(failure(format!(
+                "{name}: detached, but cleaning up failed (see warnings)"
+            )));
         }
         Ok(())
     }
@@ -1135,12 +1306,19 @@ impl<'a> Ctx<'a> {
     // Boot-time activation
     // ----------------------------------------------------------------
 
-    fn select<'e>(&self, entries: &'e [Entry], all: bool, names: &[String]) -> Result<Vec<&'e Entry>> {
+    fn select<'e>(
+        &self,
+        entries: &'e [Entry],
+        all: bool,
+        names: &[String],
+    ) -> Result<Vec<&'e Entry>> {
         if all && !names.is_empty() {
             return Err(usage("give either --all or device names, not both"));
         }
         if !all && names.is_empty() {
-            return Err(usage("give --all or the names of devices listed in the configuration"));
+            return Err(usage(
+                "give --all or the names of devices listed in the configuration",
+            ));
         }
         if all {
             return Ok(entries.iter().filter(|e| !e.options.noauto).collect());
@@ -1163,12 +1341,15 @@ impl<'a> Ctx<'a> {
         for e in sel {
             let r = self.activate_one(e);
             if let Err(err) = r {
-                errln!(self, "tiercache: {}", err);
+                let _ = write!(self.err.borrow_mut(), "{}", err.report());
                 first_err.get_or_insert(err);
             }
         }
         match first_err {
-            Some(e) => Err(Error::new(e.kind, "some devices could not be activated (see above)")),
+            Some(e) => Err(Error::new(
+                e.kind,
+                "some devices could not be activated (see above)",
+            )),
             None => Ok(()),
         }
     }
@@ -1195,7 +1376,13 @@ impl<'a> Ctx<'a> {
         };
         match self.setup(&s, true) {
             Ok((info, _, _)) => {
-                outln!(self, "{}: activated ({}:{})", e.name, info.devno.0, info.devno.1);
+                outln!(
+                    self,
+                    "{}: activated ({}:{})",
+                    e.name,
+                    info.devno.0,
+                    info.devno.1
+                );
                 Ok(())
             }
             Err(err) => {
@@ -1228,13 +1415,13 @@ impl<'a> Ctx<'a> {
                 Ok(Some(DevKind::Cached(_))) | Ok(Some(DevKind::Detached { .. })) => {}
                 Ok(Some(_)) => continue,
                 Err(err) => {
-                    errln!(self, "tiercache: {err}");
+                    let _ = write!(self.err.borrow_mut(), "{}", err.report());
                     first_err.get_or_insert(err);
                     continue;
                 }
             }
             if let Err(err) = self.remove(&e.name, false, false, o) {
-                errln!(self, "tiercache: {err}");
+                let _ = write!(self.err.borrow_mut(), "{}", err.report());
                 first_err.get_or_insert(err);
                 continue;
             }
@@ -1247,7 +1434,10 @@ impl<'a> Ctx<'a> {
             }
         }
         match first_err {
-            Some(e) => Err(Error::new(e.kind, "some devices could not be deactivated (see above)")),
+            Some(e) => Err(Error::new(
+                e.kind,
+                "some devices could not be deactivated (see above)",
+            )),
             None => Ok(()),
         }
     }

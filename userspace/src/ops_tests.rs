@@ -76,13 +76,18 @@ impl T {
         self.dm.add_cached(name, "8:16", "8:32", sim, 524288);
     }
     fn lvs(&self) {
-        self.lvm.add(&self.host, "vg", "slow", 256 * MIB, (253, 1), true);
-        self.lvm.add(&self.host, "vg", "fast", 64 * MIB, (253, 2), true);
+        self.lvm
+            .add(&self.host, "vg", "slow", 256 * MIB, (253, 1), true);
+        self.lvm
+            .add(&self.host, "vg", "fast", 64 * MIB, (253, 2), true);
     }
 }
 
 fn quiet() -> FlushOpts {
-    FlushOpts { timeout: None, progress: ProgressMode::Quiet }
+    FlushOpts {
+        timeout: None,
+        progress: ProgressMode::Quiet,
+    }
 }
 
 fn setup(name: &str, origin: &str, cache: &str) -> Setup {
@@ -123,36 +128,75 @@ fn create_loads_the_table() {
 fn create_refusals() {
     let t = T::new();
     t.cached("busy", 0);
-    let e = t.ctx().create(&setup("busy", "/dev/slow", "/dev/fast"), false).unwrap_err();
+    let e = t
+        .ctx()
+        .create(&setup("busy", "/dev/slow", "/dev/fast"), false)
+        .unwrap_err();
     assert_eq!(e.kind, Kind::Busy);
-    assert!(e.msg.contains("busy: a device-mapper device of that name already exists"), "{}", e.msg);
+    assert!(
+        e.msg
+            .contains("busy: a device-mapper device of that name already exists"),
+        "{}",
+        e.msg
+    );
 
-    let e = t.ctx().create(&setup("x", "/dev/nope", "/dev/fast"), false).unwrap_err();
+    let e = t
+        .ctx()
+        .create(&setup("x", "/dev/nope", "/dev/fast"), false)
+        .unwrap_err();
     assert_eq!(e.kind, Kind::NotFound);
     assert!(e.msg.starts_with("origin: /dev/nope"), "{}", e.msg);
 
-    t.host.users.borrow_mut().insert((8, 16), "mounted on /mnt".into());
-    let e = t.ctx().create(&setup("x", "/dev/slow", "/dev/fast"), false).unwrap_err();
+    t.host
+        .users
+        .borrow_mut()
+        .insert((8, 16), "mounted on /mnt".into());
+    let e = t
+        .ctx()
+        .create(&setup("x", "/dev/slow", "/dev/fast"), false)
+        .unwrap_err();
     assert_eq!(e.kind, Kind::Busy);
-    assert!(e.msg.contains("origin /dev/slow") && e.msg.contains("mounted on /mnt"), "{}", e.msg);
+    assert!(
+        e.msg.contains("origin /dev/slow") && e.msg.contains("mounted on /mnt"),
+        "{}",
+        e.msg
+    );
     assert!(e.hint.unwrap().contains("unmount"));
     t.host.users.borrow_mut().clear();
 
-    let e = t.ctx().create(&setup("x", "/dev/slow", "/dev/tiny"), false).unwrap_err();
+    let e = t
+        .ctx()
+        .create(&setup("x", "/dev/slow", "/dev/tiny"), false)
+        .unwrap_err();
     assert_eq!(e.kind, Kind::Usage);
-    assert!(e.msg.contains("holds 8 blocks of 4 KiB, at least 16"), "{}", e.msg);
+    assert!(
+        e.msg.contains("holds 8 blocks of 4 KiB, at least 16"),
+        "{}",
+        e.msg
+    );
 
-    let e = t.ctx().create(&setup("x", "/dev/slow", "/dev/slow"), false).unwrap_err();
+    let e = t
+        .ctx()
+        .create(&setup("x", "/dev/slow", "/dev/slow"), false)
+        .unwrap_err();
     assert_eq!(e.kind, Kind::Usage);
 
-    let e = t.ctx().create(&setup("a/b", "/dev/slow", "/dev/fast"), false).unwrap_err();
+    let e = t
+        .ctx()
+        .create(&setup("a/b", "/dev/slow", "/dev/fast"), false)
+        .unwrap_err();
     assert_eq!(e.kind, Kind::Usage);
 
     let mut s = setup("x", "/dev/slow", "/dev/fast");
     s.options.tunables = vec![(Key::HighWatermark, 20), (Key::LowWatermark, 30)];
     let e = t.ctx().create(&s, false).unwrap_err();
     assert_eq!(e.kind, Kind::Usage);
-    assert!(e.msg.contains("low_watermark 30 is above high_watermark 20"), "{}", e.msg);
+    assert!(
+        e.msg
+            .contains("low_watermark 30 is above high_watermark 20"),
+        "{}",
+        e.msg
+    );
 
     // Nothing was created by any of these.
     assert!(t.log().is_empty(), "{:?}", t.log());
@@ -163,14 +207,24 @@ fn create_reports_the_kernel_reason_and_cleans_up() {
     let t = T::new();
     t.dm.reject_tiercache.set(true);
     *t.host.kmsg.borrow_mut() = Some("tiercache: Invalid block size: 12".into());
-    let e = t.ctx().create(&setup("c", "/dev/slow", "/dev/fast"), false).unwrap_err();
-    assert!(e.msg.contains("the kernel refused the table") && e.msg.contains("Invalid block size: 12"), "{}", e.msg);
+    let e = t
+        .ctx()
+        .create(&setup("c", "/dev/slow", "/dev/fast"), false)
+        .unwrap_err();
+    assert!(
+        e.msg.contains("the kernel refused the table") && e.msg.contains("Invalid block size: 12"),
+        "{}",
+        e.msg
+    );
     assert_eq!(t.log().last().unwrap(), "remove c");
     assert!(t.dm.devs.borrow().is_empty());
 
     let t = T::new();
     t.dm.have_target.set(false);
-    let e = t.ctx().create(&setup("c", "/dev/slow", "/dev/fast"), false).unwrap_err();
+    let e = t
+        .ctx()
+        .create(&setup("c", "/dev/slow", "/dev/fast"), false)
+        .unwrap_err();
     assert_eq!(e.kind, Kind::Kernel);
     assert!(e.hint.unwrap().contains("modprobe dm-tiercache"));
 }
@@ -178,17 +232,28 @@ fn create_reports_the_kernel_reason_and_cleans_up() {
 #[test]
 fn create_save_writes_config() {
     let t = T::new();
-    t.ctx().create(&setup("c", "/dev/slow", "/dev/fast"), true).unwrap();
+    t.ctx()
+        .create(&setup("c", "/dev/slow", "/dev/fast"), true)
+        .unwrap();
     let conf = t.host.files.borrow().get(CONF).cloned().unwrap();
-    assert!(conf.contains("c\t/dev/slow\t/dev/fast\tblock_size=4K"), "{conf}");
+    assert!(
+        conf.contains("c\t/dev/slow\t/dev/fast\tblock_size=4K"),
+        "{conf}"
+    );
     // A second device of the same name in the file is refused up front.
     t.dm.devs.borrow_mut().clear();
-    let e = t.ctx().create(&setup("c", "/dev/slow", "/dev/fast"), true).unwrap_err();
+    let e = t
+        .ctx()
+        .create(&setup("c", "/dev/slow", "/dev/fast"), true)
+        .unwrap_err();
     assert_eq!(e.kind, Kind::Busy);
     // Unwritable config: the device is rolled back.
     let t = T::new();
     t.host.readonly_files.set(true);
-    let e = t.ctx().create(&setup("c", "/dev/slow", "/dev/fast"), true).unwrap_err();
+    let e = t
+        .ctx()
+        .create(&setup("c", "/dev/slow", "/dev/fast"), true)
+        .unwrap_err();
     assert_eq!(e.kind, Kind::Config);
     assert!(t.dm.devs.borrow().is_empty());
 }
@@ -200,7 +265,12 @@ fn remove_refuses_dirty_without_force() {
     let e = t.ctx().remove("c", true, false, quiet()).unwrap_err();
     assert_eq!(e.kind, Kind::Dirty);
     assert_eq!(e.kind.exit_code(), 5);
-    assert!(e.msg.contains("c: refusing to remove: the cache holds 1.2 MiB of dirty data (300 blocks)"), "{}", e.msg);
+    assert!(
+        e.msg
+            .contains("c: refusing to remove: the cache holds 1.2 MiB of dirty data (300 blocks)"),
+        "{}",
+        e.msg
+    );
     assert!(e.hint.unwrap().contains("--force"));
     assert!(t.dm.devs.borrow().contains_key("c"));
     assert!(!t.dm.devs.borrow()["c"].info.suspended, "left suspended");
@@ -216,7 +286,11 @@ fn remove_flushes_first() {
     t.cached("c", 300);
     t.ctx().remove("c", false, false, quiet()).unwrap();
     let log = t.log();
-    let pos = |s: &str| log.iter().position(|l| l == s).unwrap_or_else(|| panic!("{s} not in {log:?}"));
+    let pos = |s: &str| {
+        log.iter()
+            .position(|l| l == s)
+            .unwrap_or_else(|| panic!("{s} not in {log:?}"))
+    };
     assert!(pos("message c flush") < pos("suspend c"));
     assert!(pos("suspend c") < pos("remove c"));
     assert!(t.out.text().contains("c: flushed 1.2 MiB"));
@@ -232,7 +306,10 @@ fn remove_refusals() {
     assert_eq!(e.kind, Kind::Busy);
     assert!(e.msg.contains("c: device is in use (open count 1)"));
 
-    let e = t.ctx().remove("nothere", false, false, quiet()).unwrap_err();
+    let e = t
+        .ctx()
+        .remove("nothere", false, false, quiet())
+        .unwrap_err();
     assert_eq!(e.kind, Kind::NotFound);
     assert_eq!(e.msg, "nothere: no such device");
 
@@ -252,7 +329,14 @@ fn flush_wait_success_and_summary() {
     let t = T::new();
     t.cached("c", 1000);
     t.ctx()
-        .flush("c", true, FlushOpts { timeout: None, progress: ProgressMode::Lines })
+        .flush(
+            "c",
+            true,
+            FlushOpts {
+                timeout: None,
+                progress: ProgressMode::Lines,
+            },
+        )
         .unwrap();
     let out = t.out.text();
     assert!(
@@ -274,7 +358,12 @@ fn flush_wait_error_and_timeout() {
     let e = t.ctx().flush("c", true, quiet()).unwrap_err();
     assert_eq!(e.kind, Kind::FlushFailed);
     assert_eq!(e.kind.exit_code(), 6);
-    assert!(e.msg.contains("writeback error EIO (Input/output error); 40 KiB still dirty"), "{}", e.msg);
+    assert!(
+        e.msg
+            .contains("writeback error EIO (Input/output error); 40 KiB still dirty"),
+        "{}",
+        e.msg
+    );
     assert!(e.hint.unwrap().contains("dev8:16"), "names the origin");
 
     let t = T::new();
@@ -284,10 +373,22 @@ fn flush_wait_error_and_timeout() {
     t.dm.add_cached("c", "8:16", "8:32", sim, 1000);
     let e = t
         .ctx()
-        .flush("c", true, FlushOpts { timeout: Some(2.0), progress: ProgressMode::Quiet })
+        .flush(
+            "c",
+            true,
+            FlushOpts {
+                timeout: Some(2.0),
+                progress: ProgressMode::Quiet,
+            },
+        )
         .unwrap_err();
     assert_eq!(e.kind, Kind::Timeout);
-    assert!(e.msg.contains("c: flush not finished after 2s; 40 KiB still dirty"), "{}", e.msg);
+    assert!(
+        e.msg
+            .contains("c: flush not finished after 2s; 40 KiB still dirty"),
+        "{}",
+        e.msg
+    );
 
     // Without --wait: just the message.
     let t = T::new();
@@ -341,7 +442,12 @@ fn status_errors() {
     *t.dm.bad_status.borrow_mut() = Some("writeback 8 1/2 0".into());
     let e = t.ctx().status(&["c".into()], false).unwrap_err();
     assert_eq!(e.kind, Kind::Kernel);
-    assert!(e.msg.starts_with("c: status line has 4 fields, expected at least 20"), "{}", e.msg);
+    assert!(
+        e.msg
+            .starts_with("c: status line has 4 fields, expected at least 20"),
+        "{}",
+        e.msg
+    );
 }
 
 #[test]
@@ -362,7 +468,10 @@ fn set_values() {
     t.dm.log.borrow_mut().clear();
     t.ctx().set("c", "mode", "writethrough", false).unwrap();
     let log = t.log();
-    assert!(log[0].starts_with("load c 0 524288 tiercache 8:16 8:32 8 1 writethrough"), "{log:?}");
+    assert!(
+        log[0].starts_with("load c 0 524288 tiercache 8:16 8:32 8 1 writethrough"),
+        "{log:?}"
+    );
     assert_eq!(&log[1..], ["suspend c", "resume c"]);
     let e = t.ctx().set("c", "mode", "writeback", true).unwrap_err();
     assert_eq!(e.kind, Kind::NotFound, "--save needs a config entry");
@@ -370,46 +479,85 @@ fn set_values() {
 
 fn attach(t: &T) {
     t.lvs();
-    t.ctx().attach("vg/slow", "vg/fast", None, Options::default(), true).unwrap();
+    t.ctx()
+        .attach("vg/slow", "vg/fast", None, Options::default(), true)
+        .unwrap();
 }
 
 #[test]
 fn attach_marks_and_saves() {
     let t = T::new();
     attach(&t);
-    assert!(t.log().contains(&"load slow 0 524288 tiercache 253:1 253:2 8 0".to_string()), "{:?}", t.log());
+    assert!(
+        t.log()
+            .contains(&"load slow 0 524288 tiercache 253:1 253:2 8 0".to_string()),
+        "{:?}",
+        t.log()
+    );
     let o = t.lvm.get("vg", "slow");
     assert!(o.has_tag(TAG_ORIGIN) && o.skip_activation);
     let c = t.lvm.get("vg", "fast");
     assert!(c.has_tag(TAG_CACHE) && c.skip_activation);
     let conf = t.host.files.borrow().get(CONF).cloned().unwrap();
-    assert!(conf.contains("slow\tvg/slow\tvg/fast\tblock_size=4K"), "{conf}");
+    assert!(
+        conf.contains("slow\tvg/slow\tvg/fast\tblock_size=4K"),
+        "{conf}"
+    );
     assert!(t.out.text().contains("use /dev/tiercache/slow"));
 
     // Again: both LVs are taken.
-    let e = t.ctx().attach("vg/slow", "vg/fast", Some("other"), Options::default(), true).unwrap_err();
+    let e = t
+        .ctx()
+        .attach(
+            "vg/slow",
+            "vg/fast",
+            Some("other"),
+            Options::default(),
+            true,
+        )
+        .unwrap_err();
     assert_eq!(e.kind, Kind::Busy);
-    assert!(e.msg.contains("origin vg/slow is already part of a cached device"), "{}", e.msg);
+    assert!(
+        e.msg
+            .contains("origin vg/slow is already part of a cached device"),
+        "{}",
+        e.msg
+    );
 }
 
 #[test]
 fn attach_refusals() {
     let t = T::new();
     t.lvs();
-    let e = t.ctx().attach("vg/nope", "vg/fast", None, Options::default(), true).unwrap_err();
+    let e = t
+        .ctx()
+        .attach("vg/nope", "vg/fast", None, Options::default(), true)
+        .unwrap_err();
     assert_eq!(e.kind, Kind::NotFound);
     assert_eq!(e.msg, "logical volume vg/nope not found");
-    let e = t.ctx().attach("/dev/slow", "vg/fast", None, Options::default(), true).unwrap_err();
+    let e = t
+        .ctx()
+        .attach("/dev/slow", "vg/fast", None, Options::default(), true)
+        .unwrap_err();
     assert_eq!(e.kind, Kind::Usage);
-    t.host.users.borrow_mut().insert((253, 1), "mounted on /srv".into());
-    let e = t.ctx().attach("vg/slow", "vg/fast", None, Options::default(), true).unwrap_err();
+    t.host
+        .users
+        .borrow_mut()
+        .insert((253, 1), "mounted on /srv".into());
+    let e = t
+        .ctx()
+        .attach("vg/slow", "vg/fast", None, Options::default(), true)
+        .unwrap_err();
     assert_eq!(e.kind, Kind::Busy);
     assert!(e.msg.contains("mounted on /srv"));
     assert!(t.lvm.log.borrow().is_empty(), "no LVM changes on refusal");
     t.host.users.borrow_mut().clear();
     // A config file that cannot be written rolls everything back.
     t.host.readonly_files.set(true);
-    let e = t.ctx().attach("vg/slow", "vg/fast", None, Options::default(), true).unwrap_err();
+    let e = t
+        .ctx()
+        .attach("vg/slow", "vg/fast", None, Options::default(), true)
+        .unwrap_err();
     assert_eq!(e.kind, Kind::Config);
     assert!(t.dm.devs.borrow().is_empty());
     assert!(!t.lvm.get("vg", "slow").has_tag(TAG_ORIGIN));
@@ -427,12 +575,19 @@ fn detach_swaps_to_linear_while_open() {
     t.dm.log.borrow_mut().clear();
     t.ctx().detach("slow", DetachCache::Split, quiet()).unwrap();
     let log = t.log();
-    let pos = |p: &str| log.iter().position(|l| l.starts_with(p)).unwrap_or_else(|| panic!("{p}: {log:?}"));
+    let pos = |p: &str| {
+        log.iter()
+            .position(|l| l.starts_with(p))
+            .unwrap_or_else(|| panic!("{p}: {log:?}"))
+    };
     assert!(pos("message slow flush") < pos("message slow cleaner on"));
     assert!(pos("message slow cleaner on") < pos("load slow 0 524288 linear 253:1 0"));
     assert!(pos("load slow") < pos("suspend slow"));
     assert!(pos("suspend slow") < pos("resume slow"));
-    assert!(!log.iter().any(|l| l.starts_with("remove")), "device stays: {log:?}");
+    assert!(
+        !log.iter().any(|l| l.starts_with("remove")),
+        "device stays: {log:?}"
+    );
     match t.ctx().classify("slow").unwrap() {
         Some(DevKind::Detached { .. }) => {}
         other => panic!("{other:?}"),
@@ -441,10 +596,22 @@ fn detach_swaps_to_linear_while_open() {
     assert!(!t.lvm.get("vg", "slow").skip_activation);
     assert!(!t.lvm.get("vg", "fast").has_tag(TAG_CACHE));
     assert!(!t.host.files.borrow()[CONF].contains("vg/slow"));
-    assert!(t.out.text().contains("now maps vg/slow directly; cache LV vg/fast kept"), "{}", t.out.text());
+    assert!(
+        t.out
+            .text()
+            .contains("now maps vg/slow directly; cache LV vg/fast kept"),
+        "{}",
+        t.out.text()
+    );
 
     // Busy while mounted, removable after.
-    assert_eq!(t.ctx().remove("slow", false, false, quiet()).unwrap_err().kind, Kind::Busy);
+    assert_eq!(
+        t.ctx()
+            .remove("slow", false, false, quiet())
+            .unwrap_err()
+            .kind,
+        Kind::Busy
+    );
     t.dm.with("slow", |d| d.info.open_count = 0);
     t.ctx().remove("slow", false, false, quiet()).unwrap();
     assert!(t.dm.devs.borrow().is_empty());
@@ -454,7 +621,9 @@ fn detach_swaps_to_linear_while_open() {
 fn detach_uncache_removes_cache_lv() {
     let t = T::new();
     attach(&t);
-    t.ctx().detach("slow", DetachCache::Uncache, quiet()).unwrap();
+    t.ctx()
+        .detach("slow", DetachCache::Uncache, quiet())
+        .unwrap();
     assert!(t.lvm.log.borrow().contains(&"remove vg/fast".to_string()));
     assert!(t.out.text().contains("cache LV vg/fast removed"));
 }
@@ -468,10 +637,16 @@ fn detach_keeps_cache_on_flush_error() {
         s.dirty = 50;
         s.fail_with = Some(-28);
     });
-    let e = t.ctx().detach("slow", DetachCache::Split, quiet()).unwrap_err();
+    let e = t
+        .ctx()
+        .detach("slow", DetachCache::Split, quiet())
+        .unwrap_err();
     assert_eq!(e.kind, Kind::FlushFailed);
     assert!(e.msg.contains("ENOSPC"));
-    assert!(matches!(t.ctx().classify("slow").unwrap(), Some(DevKind::Cached(_))));
+    assert!(matches!(
+        t.ctx().classify("slow").unwrap(),
+        Some(DevKind::Cached(_))
+    ));
     assert!(t.lvm.get("vg", "slow").has_tag(TAG_ORIGIN));
 }
 
@@ -486,10 +661,16 @@ fn activate_from_config() {
     );
     t.ctx().activate(true, &[]).unwrap();
     let lvlog = t.lvm.log.borrow().clone();
-    assert_eq!(lvlog, vec!["activate vg/fast", "activate vg/slow"], "cache first");
+    assert_eq!(
+        lvlog,
+        vec!["activate vg/fast", "activate vg/slow"],
+        "cache first"
+    );
     assert!(t.dm.devs.borrow().contains_key("a"));
     assert!(!t.dm.devs.borrow().contains_key("b"), "noauto skipped");
-    assert!(t.log().contains(&"load a 0 524288 tiercache 253:1 253:2 8 2 bridge_gap_kb 64".to_string()));
+    assert!(t
+        .log()
+        .contains(&"load a 0 524288 tiercache 253:1 253:2 8 2 bridge_gap_kb 64".to_string()));
     // Idempotent.
     t.ctx().activate(true, &[]).unwrap();
     assert!(t.out.text().contains("a: already active"));
@@ -505,11 +686,22 @@ fn activate_from_config() {
 fn activate_never_exposes_origin_without_cache() {
     let t = T::new();
     t.lvm.add(&t.host, "vg", "slow", 256 * MIB, (253, 1), false);
-    t.host.files.borrow_mut().insert(CONF.into(), "a vg/slow vg/gone\n".into());
+    t.host
+        .files
+        .borrow_mut()
+        .insert(CONF.into(), "a vg/slow vg/gone\n".into());
     let e = t.ctx().activate(true, &[]).unwrap_err();
     assert_eq!(e.kind, Kind::NotFound);
-    assert!(t.err.text().contains("vg/gone not found"), "{}", t.err.text());
-    assert!(t.lvm.log.borrow().is_empty(), "origin untouched: {:?}", t.lvm.log.borrow());
+    assert!(
+        t.err.text().contains("vg/gone not found"),
+        "{}",
+        t.err.text()
+    );
+    assert!(
+        t.lvm.log.borrow().is_empty(),
+        "origin untouched: {:?}",
+        t.lvm.log.borrow()
+    );
 
     // The cache is there but the table is refused: the origin LV, activated
     // for the attempt, is deactivated again.
@@ -518,16 +710,29 @@ fn activate_never_exposes_origin_without_cache() {
     t.lvm.add(&t.host, "vg", "fast", 64 * MIB, (253, 2), false);
     t.lvm.mark("vg", "slow", TAG_ORIGIN, true).unwrap();
     t.dm.reject_tiercache.set(true);
-    t.host.files.borrow_mut().insert(CONF.into(), "a vg/slow vg/fast\n".into());
+    t.host
+        .files
+        .borrow_mut()
+        .insert(CONF.into(), "a vg/slow vg/fast\n".into());
     assert!(t.ctx().activate(true, &[]).is_err());
-    assert!(t.lvm.log.borrow().contains(&"deactivate vg/slow".to_string()), "{:?}", t.lvm.log.borrow());
+    assert!(
+        t.lvm
+            .log
+            .borrow()
+            .contains(&"deactivate vg/slow".to_string()),
+        "{:?}",
+        t.lvm.log.borrow()
+    );
     use crate::lvm::Lvm;
 }
 
 #[test]
 fn bad_config_is_reported_with_line() {
     let t = T::new();
-    t.host.files.borrow_mut().insert(CONF.into(), "# x\na vg/slow\n".into());
+    t.host
+        .files
+        .borrow_mut()
+        .insert(CONF.into(), "# x\na vg/slow\n".into());
     let e = t.ctx().activate(true, &[]).unwrap_err();
     assert_eq!(e.kind, Kind::Config);
     assert!(e.msg.starts_with("/etc/tiercache.conf:2: "), "{}", e.msg);
@@ -541,7 +746,13 @@ fn deactivate_flushes_removes_and_hides_lvs() {
     t.ctx().deactivate(true, &[], quiet()).unwrap();
     assert!(t.dm.devs.borrow().is_empty());
     let lvlog = t.lvm.log.borrow().clone();
-    assert!(lvlog.ends_with(&["deactivate vg/fast".to_string(), "deactivate vg/slow".to_string()]), "{lvlog:?}");
+    assert!(
+        lvlog.ends_with(&[
+            "deactivate vg/fast".to_string(),
+            "deactivate vg/slow".to_string()
+        ]),
+        "{lvlog:?}"
+    );
 }
 
 #[test]
@@ -552,12 +763,24 @@ fn list_shows_cached_and_detached() {
     t.ctx().list(false).unwrap();
     let o = t.out.text();
     assert!(o.lines().any(|l| l.starts_with("NAME ")), "{o}");
-    assert!(o.lines().any(|l| l.starts_with("other") && l.contains("cached") && l.contains("12 KiB")), "{o}");
+    assert!(
+        o.lines()
+            .any(|l| l.starts_with("other") && l.contains("cached") && l.contains("12 KiB")),
+        "{o}"
+    );
     t.ctx().detach("slow", DetachCache::Split, quiet()).unwrap();
     let t2out = Buf::default();
-    let ctx = Ctx { out: RefCell::new(Box::new(t2out.clone())), ..t.ctx() };
+    let ctx = Ctx {
+        out: RefCell::new(Box::new(t2out.clone())),
+        ..t.ctx()
+    };
     ctx.list(true).unwrap();
     let v: serde_json::Value = serde_json::from_str(&t2out.text()).unwrap();
-    let states: Vec<&str> = v.as_array().unwrap().iter().map(|r| r["state"].as_str().unwrap()).collect();
+    let states: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["state"].as_str().unwrap())
+        .collect();
     assert_eq!(states, vec!["cached", "detached"]);
 }

@@ -22,7 +22,10 @@ pub struct Meter {
 
 impl Meter {
     pub fn new(window: f64) -> Meter {
-        Meter { samples: vec![], window }
+        Meter {
+            samples: vec![],
+            window,
+        }
     }
 
     /// Record the cumulative number of bytes written back at time `t`.
@@ -53,7 +56,11 @@ impl Meter {
 
 /// One progress report.
 pub fn line(name: &str, done: u64, total: u64, left: u64, rate: Option<f64>, bar: bool) -> String {
-    let pct = if total == 0 { 100.0 } else { done as f64 * 100.0 / total as f64 };
+    let pct = if total == 0 {
+        100.0
+    } else {
+        done as f64 * 100.0 / total as f64
+    };
     let pct = pct.clamp(0.0, 100.0);
     let rate_s = match rate {
         Some(r) => format!("{}/s", fmt_bytes(r as u64)),
@@ -74,7 +81,10 @@ pub fn line(name: &str, done: u64, total: u64, left: u64, rate: Option<f64>, bar
             fmt_bytes(left)
         )
     } else {
-        format!("{name}: flush {pct:.1}% done, {} left, {rate_s}, ETA {eta}", fmt_bytes(left))
+        format!(
+            "{name}: flush {pct:.1}% done, {} left, {rate_s}, ETA {eta}",
+            fmt_bytes(left)
+        )
     }
 }
 
@@ -100,8 +110,18 @@ mod tests {
 
     #[test]
     fn lines() {
-        let l = line("slow", 1 << 20, 4 << 20, 3 << 20, Some((1 << 20) as f64), true);
-        assert_eq!(l, "slow: [######------------------]  25.0%  3 MiB left  1 MiB/s  ETA 3s");
+        let l = line(
+            "slow",
+            1 << 20,
+            4 << 20,
+            3 << 20,
+            Some((1 << 20) as f64),
+            true,
+        );
+        assert_eq!(
+            l,
+            "slow: [######------------------]  25.0%  3 MiB left  1 MiB/s  ETA 3s"
+        );
         let l = line("slow", 0, 0, 0, None, false);
         assert_eq!(l, "slow: flush 100.0% done, 0 B left, --/s, ETA 0s");
         let l = line("slow", 0, 10, 10, None, false);

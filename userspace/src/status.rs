@@ -167,7 +167,8 @@ fn num_u64(idx: usize, s: &str) -> Result<u64> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
         return Err(field_err(idx, s, "expected an unsigned decimal number"));
     }
-    s.parse::<u64>().map_err(|_| field_err(idx, s, "number out of range"))
+    s.parse::<u64>()
+        .map_err(|_| field_err(idx, s, "number out of range"))
 }
 
 /// Unsigned decimal with an optional fraction: `256`, `256.00`.
@@ -177,9 +178,14 @@ fn num_dec(idx: usize, s: &str) -> Result<f64> {
     let frac = parts.next();
     let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
     if !digits(int) || frac.is_some_and(|f| !digits(f)) {
-        return Err(field_err(idx, s, "expected a decimal number such as 256.00"));
+        return Err(field_err(
+            idx,
+            s,
+            "expected a decimal number such as 256.00",
+        ));
     }
-    s.parse::<f64>().map_err(|_| field_err(idx, s, "number out of range"))
+    s.parse::<f64>()
+        .map_err(|_| field_err(idx, s, "number out of range"))
 }
 
 impl Status {
@@ -219,7 +225,8 @@ impl Status {
             if !ok {
                 return Err(field_err(17, s, "expected 0 or a negative errno"));
             }
-            s.parse::<i32>().map_err(|_| field_err(17, s, "number out of range"))?
+            s.parse::<i32>()
+                .map_err(|_| field_err(17, s, "number out of range"))?
         };
         let cleaner = match f[19] {
             "0" => false,
@@ -264,12 +271,16 @@ impl Status {
         let start = word();
         let len = word();
         let ty = word();
-        let start: u64 = start
-            .parse()
-            .map_err(|_| kerr(format!("status line does not start with <start> <len>: '{line}'")))?;
-        let len: u64 = len
-            .parse()
-            .map_err(|_| kerr(format!("status line does not start with <start> <len>: '{line}'")))?;
+        let start: u64 = start.parse().map_err(|_| {
+            kerr(format!(
+                "status line does not start with <start> <len>: '{line}'"
+            ))
+        })?;
+        let len: u64 = len.parse().map_err(|_| {
+            kerr(format!(
+                "status line does not start with <start> <len>: '{line}'"
+            ))
+        })?;
         if ty != TARGET_TYPE {
             return Err(Error::new(
                 Kind::Kernel,
@@ -303,7 +314,10 @@ impl Status {
     }
     /// Write hits over all write bios (hits, misses and bypassed ones).
     pub fn write_hit_ratio(&self) -> Option<f64> {
-        ratio(self.write_hits, self.write_hits + self.write_misses + self.write_bypass)
+        ratio(
+            self.write_hits,
+            self.write_hits + self.write_misses + self.write_bypass,
+        )
     }
 }
 
@@ -332,7 +346,10 @@ mod tests {
         assert_eq!(s.dirty_blocks, 0);
         assert_eq!(s.write_misses, 8192);
         assert_eq!(s.flush_state, FlushState::Idle);
-        assert_eq!((s.wb_blocks, s.wb_requests, s.wb_sectors), (8192, 32, 65536));
+        assert_eq!(
+            (s.wb_blocks, s.wb_requests, s.wb_sectors),
+            (8192, 32, 65536)
+        );
         assert_eq!(s.avg_write_kb, 1024.0);
         assert_eq!(s.merge_ratio, 256.0);
         assert_eq!(s.bridged_blocks, 0);
@@ -347,7 +364,11 @@ mod tests {
     }
 
     fn params(over: &[(usize, &str)]) -> String {
-        let mut f: Vec<String> = DOC_EXAMPLE.split_whitespace().skip(3).map(String::from).collect();
+        let mut f: Vec<String> = DOC_EXAMPLE
+            .split_whitespace()
+            .skip(3)
+            .map(String::from)
+            .collect();
         for (i, v) in over {
             f[*i - 1] = v.to_string();
         }
@@ -374,10 +395,22 @@ mod tests {
         assert_eq!(s.error, -5);
         assert!(s.cleaner);
         for st in ["idle", "flushing", "background", "cleaning"] {
-            assert_eq!(Status::parse_params(&params(&[(10, st)])).unwrap().flush_state.as_str(), st);
+            assert_eq!(
+                Status::parse_params(&params(&[(10, st)]))
+                    .unwrap()
+                    .flush_state
+                    .as_str(),
+                st
+            );
         }
         for m in ["writeback", "writethrough", "passthrough"] {
-            assert_eq!(Status::parse_params(&params(&[(1, m)])).unwrap().mode.as_str(), m);
+            assert_eq!(
+                Status::parse_params(&params(&[(1, m)]))
+                    .unwrap()
+                    .mode
+                    .as_str(),
+                m
+            );
         }
     }
 
@@ -393,7 +426,11 @@ mod tests {
         let p: Vec<&str> = DOC_EXAMPLE.split_whitespace().skip(3).take(19).collect();
         let e = Status::parse_params(&p.join(" ")).unwrap_err();
         assert_eq!(e.kind, Kind::Kernel);
-        assert!(e.msg.contains("19 fields, expected at least 20"), "{}", e.msg);
+        assert!(
+            e.msg.contains("19 fields, expected at least 20"),
+            "{}",
+            e.msg
+        );
         assert!(e.hint.is_some());
         assert!(Status::parse_params("").is_err());
     }
@@ -440,7 +477,10 @@ mod tests {
 
     #[test]
     fn line_header() {
-        assert!(Status::parse_line("x 1 tiercache a").unwrap_err().msg.contains("<start> <len>"));
+        assert!(Status::parse_line("x 1 tiercache a")
+            .unwrap_err()
+            .msg
+            .contains("<start> <len>"));
         let e = Status::parse_line("0 100 linear 8:0 0").unwrap_err();
         assert!(e.msg.contains("'linear'"), "{}", e.msg);
         // Multiple spaces between fields are fine.
@@ -450,7 +490,8 @@ mod tests {
 
     #[test]
     fn ratios() {
-        let s = Status::parse_params(&params(&[(5, "3"), (6, "1"), (7, "1"), (8, "2"), (9, "1")])).unwrap();
+        let s = Status::parse_params(&params(&[(5, "3"), (6, "1"), (7, "1"), (8, "2"), (9, "1")]))
+            .unwrap();
         assert_eq!(s.read_hit_ratio(), Some(0.75));
         assert_eq!(s.write_hit_ratio(), Some(0.25));
         assert_eq!(s.dirty_pct(), 0.0);

@@ -74,7 +74,11 @@ impl fmt::Display for Key {
 }
 
 pub fn key_list() -> String {
-    ALL_KEYS.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ")
+    ALL_KEYS
+        .iter()
+        .map(|k| k.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn parse_value(key: Key, v: &str) -> Result<u64> {
@@ -84,7 +88,8 @@ fn parse_value(key: Key, v: &str) -> Result<u64> {
             key.rule()
         )));
     }
-    v.parse().map_err(|_| usage(format!("invalid value '{v}' for {key}: out of range")))
+    v.parse()
+        .map_err(|_| usage(format!("invalid value '{v}' for {key}: out of range")))
 }
 
 /// Check one value on its own (cross-key rules are in `TableSpec::validate`).
@@ -100,7 +105,10 @@ pub fn check_value(key: Key, v: &str, block_sectors: u32) -> Result<u64> {
         Key::FlushOnSuspend => n <= 1,
     };
     if !ok {
-        return Err(usage(format!("invalid value {n} for {key}: {}", key.rule())));
+        return Err(usage(format!(
+            "invalid value {n} for {key}: {}",
+            key.rule()
+        )));
     }
     Ok(n)
 }
@@ -146,7 +154,11 @@ impl TableSpec {
     }
 
     pub fn get(&self, key: Key) -> Option<&str> {
-        self.options.iter().rev().find(|(k, _)| k == key.as_str()).map(|(_, v)| v.as_str())
+        self.options
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key.as_str())
+            .map(|(_, v)| v.as_str())
     }
 
     /// Set (or replace) a key.
@@ -213,7 +225,13 @@ impl TableSpec {
             feat.push(k);
             feat.push(v);
         }
-        let mut s = format!("{} {} {} {}", self.origin, self.cache, self.block_size, feat.len());
+        let mut s = format!(
+            "{} {} {} {}",
+            self.origin,
+            self.cache,
+            self.block_size,
+            feat.len()
+        );
         for w in feat {
             s.push(' ');
             s.push_str(w);
@@ -224,14 +242,15 @@ impl TableSpec {
     /// Decode the parameters printed by `dmsetup table` for a tiercache
     /// target.
     pub fn parse_params(params: &str) -> Result<TableSpec> {
-        let kerr = |m: String| {
-            Error::new(Kind::Kernel, format!("table line '{}': {m}", params.trim()))
-        };
+        let kerr =
+            |m: String| Error::new(Kind::Kernel, format!("table line '{}': {m}", params.trim()));
         let w: Vec<&str> = params.split_ascii_whitespace().collect();
         if w.len() < 4 {
             return Err(kerr(format!("has {} words, expected at least 4", w.len())));
         }
-        let bs: u64 = w[2].parse().map_err(|_| kerr(format!("bad block size '{}'", w[2])))?;
+        let bs: u64 = w[2]
+            .parse()
+            .map_err(|_| kerr(format!("bad block size '{}'", w[2])))?;
         let block_size = check_block_size(bs).map_err(|e| kerr(e.msg))?;
         let n: usize = w[3]
             .parse()
@@ -253,7 +272,10 @@ impl TableSpec {
         if feat.len() % 2 != 0 {
             return Err(kerr(format!("key '{}' has no value", feat[feat.len() - 1])));
         }
-        let options = feat.chunks(2).map(|c| (c[0].to_string(), c[1].to_string())).collect();
+        let options = feat
+            .chunks(2)
+            .map(|c| (c[0].to_string(), c[1].to_string()))
+            .collect();
         Ok(TableSpec {
             origin: w[0].into(),
             cache: w[1].into(),
@@ -289,7 +311,10 @@ mod tests {
         t.set(Key::BridgeGapKb, 128); // replaces, keeps position
         t.validate().unwrap();
         let p = t.to_params();
-        assert_eq!(p, "253:1 1:0 128 5 writeback bridge_gap_kb 128 flush_depth 256");
+        assert_eq!(
+            p,
+            "253:1 1:0 128 5 writeback bridge_gap_kb 128 flush_depth 256"
+        );
         assert_eq!(TableSpec::parse_params(&p).unwrap(), t);
         assert_eq!(t.get(Key::FlushDepth), Some("256"));
         assert_eq!(t.get(Key::MaxFlushKb), None);
@@ -297,9 +322,13 @@ mod tests {
 
     #[test]
     fn doc_example_parses() {
-        let t = TableSpec::parse_params("/dev/slow /dev/ram0 8 3 writeback bridge_gap_kb 64").unwrap();
+        let t =
+            TableSpec::parse_params("/dev/slow /dev/ram0 8 3 writeback bridge_gap_kb 64").unwrap();
         assert_eq!(t.mode, Some(Mode::Writeback));
-        assert_eq!(t.options, vec![("bridge_gap_kb".to_string(), "64".to_string())]);
+        assert_eq!(
+            t.options,
+            vec![("bridge_gap_kb".to_string(), "64".to_string())]
+        );
         // Without a mode word.
         let t = TableSpec::parse_params("8:16 8:32 8 2 flush_depth 4").unwrap();
         assert_eq!(t.mode, None);
@@ -328,7 +357,10 @@ mod tests {
 
     fn with(opts: &[(&str, &str)], bs: u32) -> Result<()> {
         let mut t = TableSpec::new("8:16", "8:32", bs);
-        t.options = opts.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        t.options = opts
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         t.validate()
     }
 

@@ -48,17 +48,33 @@ fn golden_cases() {
         }
         let want = std::fs::read_to_string(&path).unwrap_or_default();
         if got != want {
-            failed.push(format!("--- {name} (tiercache {}):\nwant:\n{want}\ngot:\n{got}", args.join(" ")));
+            failed.push(format!(
+                "--- {name} (tiercache {}):\nwant:\n{want}\ngot:\n{got}",
+                args.join(" ")
+            ));
         }
     }
     assert!(n > 20);
-    assert!(failed.is_empty(), "{} golden case(s) differ:\n{}", failed.len(), failed.join("\n"));
+    assert!(
+        failed.is_empty(),
+        "{} golden case(s) differ:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
 }
 
 #[test]
 fn every_subcommand_has_help() {
     for sub in [
-        "create", "remove", "status", "flush", "set", "list", "attach", "detach", "activate",
+        "create",
+        "remove",
+        "status",
+        "flush",
+        "set",
+        "list",
+        "attach",
+        "detach",
+        "activate",
         "deactivate",
     ] {
         let o = run(&[sub, "--help"]);
@@ -69,7 +85,11 @@ fn every_subcommand_has_help() {
 
 #[test]
 fn usage_errors_exit_2() {
-    for args in [&["create", "x"][..], &["bogus"], &["flush", "c", "--timeout", "3"]] {
+    for args in [
+        &["create", "x"][..],
+        &["bogus"],
+        &["flush", "c", "--timeout", "3"],
+    ] {
         let o = run(args);
         assert!(o.ends_with("[exit 2]\n"), "{args:?}: {o}");
     }
