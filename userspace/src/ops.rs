@@ -505,6 +505,7 @@ impl<'a> Ctx<'a> {
         let mut meter = Meter::new(5.0);
         let mut drew = false;
         let mut quiet_rounds_after_event = 0;
+        let mut saw_flushing = false;
 
         let result = loop {
             let (info, st) = self.refresh(name)?;
@@ -534,7 +535,11 @@ impl<'a> Ctx<'a> {
             {
                 break Ok(st);
             }
-            let ended = info.event_nr != ev0 && st.flush_state != FlushState::Flushing;
+            // The flush is over when it is not running any more and either
+            // the target raised its completion event or we saw it running.
+            saw_flushing |= st.flush_state == FlushState::Flushing;
+            let ended = (info.event_nr != ev0 || saw_flushing)
+                && st.flush_state != FlushState::Flushing;
             if ended && st.error != 0 {
                 break Err(Error::new(
                     Kind::FlushFailed,
