@@ -8,7 +8,11 @@
  * the blocks sit in the cache.  A request goes through three stages:
  *
  *   read:  its blocks are read from their slots (holes that are not cached
- *          from the origin) into one buffer, contiguous sources in one bio;
+ *          from the origin) into one buffer, contiguous sources in one bio.
+ *          When the request has several uncached holes, the origin span
+ *          from the first to the last is read first as one request, and
+ *          the cached blocks are laid over it: one origin read per request
+ *          instead of one per hole, which is what a seeking disk needs;
  *   write: the buffer goes to the origin as one bio;
  *   clean: once the writes in flight have completed, one REQ_PREFLUSH is
  *          sent to the origin, and then the blocks are marked clean unless
@@ -26,7 +30,8 @@
 #include "tiercache.h"
 
 enum tc_wb_stage {
-	TC_WB_READ,
+	TC_WB_SPAN,		/* one origin read under all the holes */
+	TC_WB_READ,		/* slot reads (and holes, without a span) */
 	TC_WB_WRITE,
 };
 
@@ -271,17 +276,15 @@ static struct block_device *tc_wb_src(struct tc_cache *c, struct tc_wb_req *req,
 	return c->origin_bdev;
 }
 
-static void tc_wb_read(struct tc_cache *c, struct tc_wb_req *req)
+/* Read the blocks of @req into the buffer; cached ones only if asked. */
+static void tc_wb_read(struct tc_cache *c, struct tc_wb_req *req,
+		       bool cached_only)
 {
 	size_t bb = tc_block_bytes(c);
 	u32 i = 0;
 
 	req->stage = TC_WB_READ;
 	atomic_set(&req->pending, 1);
-	if (tc_buf_alloc(&req->buf, (size_t)req->nr * bb)) {
-		req->status = BLK_STS_RESOURCE;
-		goto out;
-	}
 	while (i < req->nr) {
 		sector_t start, s;
 		struct block_device *bdev = tc_wb_src(c, req, i, &start);
@@ -291,11 +294,56 @@ static void tc_wb_read(struct tc_cache *c, struct tc_wb_req *req)
 		while (j < req->nr && tc_wb_src(c, req, j, &s) == bdev &&
 		       s == start + (sector_t)(j - i) * c->block_sectors)
 			j++;
-		tc_wb_submit(req, i * bb, (j - i) * bb, bdev, start,
-			     REQ_OP_READ);
+		if (!cached_only || bdev == c->cache_bdev)
+			tc_wb_submit(req, i * bb, (j - i) * bb, bdev, start,
+				     REQ_OP_READ);
 		i = j;
 	}
-out:
+	tc_wb_put(req);
+}
+
+/*
+ * The first and last uncached blocks of @req, and whether cached blocks
+ * lie between them (then the holes are not one contiguous origin read).
+ */
+static bool tc_wb_split_holes(struct tc_wb_req *req, u32 *lo, u32 *hi)
+{
+	bool seen = false, split = false;
+	u32 i;
+
+	for (i = 0; i < req->nr; i++) {
+		if (req->blks[i].e) {
+			split |= seen;
+			continue;
+		}
+		if (!seen)
+			*lo = i;
+		seen = true;
+		*hi = i;
+	}
+	return seen && split && *hi > *lo;
+}
+
+static void tc_wb_begin_read(struct tc_cache *c, struct tc_wb_req *req)
+{
+	size_t bb = tc_block_bytes(c);
+	u32 lo = 0, hi = 0;
+
+	if (tc_buf_alloc(&req->buf, (size_t)req->nr * bb)) {
+		req->stage = TC_WB_READ;
+		req->status = BLK_STS_RESOURCE;
+		atomic_set(&req->pending, 1);
+		tc_wb_put(req);
+		return;
+	}
+	if (!tc_wb_split_holes(req, &lo, &hi)) {
+		tc_wb_read(c, req, false);
+		return;
+	}
+	req->stage = TC_WB_SPAN;
+	atomic_set(&req->pending, 1);
+	tc_wb_submit(req, lo * bb, (hi - lo + 1) * bb, c->origin_bdev,
+		     (req->first + lo) << c->block_shift, REQ_OP_READ);
 	tc_wb_put(req);
 }
 
@@ -407,6 +455,10 @@ static void tc_wb_stage_done(struct tc_cache *c, struct tc_wb_req *req)
 		tc_wb_write_done(c, req);
 		return;
 	}
+	if (!req->status && req->stage == TC_WB_SPAN) {
+		tc_wb_read(c, req, true);
+		return;
+	}
 	if (!req->status) {
 		tc_wb_write(c, req);
 		return;
@@ -462,7 +514,7 @@ static void tc_wb_start(struct tc_cache *c, struct tc_wb_req *req)
 	if (n > atomic_read(&c->stats.inflight_max))
 		atomic_set(&c->stats.inflight_max, n);
 	fl->pass_issued = true;
-	tc_wb_read(c, req);
+	tc_wb_begin_read(c, req);
 }
 
 static void tc_wb_begin_full(struct tc_cache *c)
