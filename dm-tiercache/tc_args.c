@@ -20,15 +20,26 @@ struct tc_key_rule {
 	unsigned int min;
 	unsigned int max;
 	unsigned int def;
+	/* ti->error strings: they outlive the failed target */
+	char *bad_value;
+	char *missing;
+	char *twice;
 };
 
+#define TC_KEY(nm, lo, hi, d) {						\
+	.name = nm, .min = lo, .max = hi, .def = d,			\
+	.bad_value = "Invalid " nm " (a number from " #lo " to " #hi ")", \
+	.missing = "Missing value for " nm,				\
+	.twice = nm " given twice",					\
+}
+
 static const struct tc_key_rule tc_keys[TC_NR_KEYS] = {
-	[TC_KEY_FLUSH_DEPTH]	  = { "flush_depth", 1, 4096, 128 },
-	[TC_KEY_MAX_FLUSH_KB]	  = { "max_flush_kb", 4, TC_MAX_FLUSH_KB, 0 },
-	[TC_KEY_BRIDGE_GAP_KB]	  = { "bridge_gap_kb", 0, TC_MAX_FLUSH_KB, 0 },
-	[TC_KEY_HIGH_WATERMARK]	  = { "high_watermark", 1, 100, 50 },
-	[TC_KEY_LOW_WATERMARK]	  = { "low_watermark", 0, 100, 10 },
-	[TC_KEY_FLUSH_ON_SUSPEND] = { "flush_on_suspend", 0, 1, 0 },
+	[TC_KEY_FLUSH_DEPTH]	  = TC_KEY("flush_depth", 1, 4096, 128),
+	[TC_KEY_MAX_FLUSH_KB]	  = TC_KEY("max_flush_kb", 4, 16384, 0),
+	[TC_KEY_BRIDGE_GAP_KB]	  = TC_KEY("bridge_gap_kb", 0, 16384, 0),
+	[TC_KEY_HIGH_WATERMARK]	  = TC_KEY("high_watermark", 1, 100, 50),
+	[TC_KEY_LOW_WATERMARK]	  = TC_KEY("low_watermark", 0, 100, 10),
+	[TC_KEY_FLUSH_ON_SUSPEND] = TC_KEY("flush_on_suspend", 0, 1, 0),
 };
 
 static const char * const tc_modes[] = {
@@ -118,12 +129,12 @@ int tc_args_set(struct tc_args *a, const char *key, const char *value,
 	}
 	rule = &tc_keys[k];
 	if (!value) {
-		*error = "Missing value for key";
+		*error = rule->missing;
 		DMERR("Missing value for %s", key);
 		return -EINVAL;
 	}
 	if (tc_parse_uint(value, &v) || v < rule->min || v > rule->max) {
-		*error = "Invalid value for key (out of range or not a number)";
+		*error = rule->bad_value;
 		DMERR("Invalid value for %s: %s (a number from %u to %u)",
 		      key, value, rule->min, rule->max);
 		return -EINVAL;
@@ -155,7 +166,7 @@ static int tc_parse_features(struct tc_args *a, unsigned int argc, char **argv,
 		}
 		k = tc_find_key(argv[i]);
 		if (k >= 0 && (a->given & BIT(k))) {
-			*error = "Key given twice";
+			*error = tc_keys[k].twice;
 			DMERR("Key given twice: %s", argv[i]);
 			return -EINVAL;
 		}
