@@ -132,6 +132,12 @@ struct tc_cache *tc_cache_get(struct tc_target *t, u32 nr_slots, char **error)
 			goto out;
 		}
 		r = tc_cache_check_reload(c, t, nr_slots, error);
+		if (!r && t->args.mode == TC_MODE_PASSTHROUGH &&
+		    atomic_read(&c->nr_dirty)) {
+			/* refused at load, so the live table keeps running */
+			*error = "Passthrough refused while blocks are dirty: flush first";
+			r = -EBUSY;
+		}
 		if (!r)
 			refcount_inc(&c->ref);
 		goto out;

@@ -103,9 +103,10 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 	struct tc_entry *e = tc_lookup(c, block);
 
 	if (c->mode == TC_MODE_PASSTHROUGH) {
+		atomic64_inc(e ? &c->stats.write_hits : &c->stats.write_misses);
+		atomic64_inc(&c->stats.write_bypass);
 		if (e)
 			tc_remove(c, e);
-		atomic64_inc(&c->stats.write_bypass);
 		return TC_TO_ORIGIN;
 	}
 	if (e) {
