@@ -41,10 +41,11 @@ def kernel_log_guard(request):
     A test that makes the kernel print an oops, BUG, WARNING, hung task or
     Call Trace fails, with the lines in the message.
     """
-    left = tclib.dm_names()
+    left = [n for n in tclib.dm_names() if n not in tclib.KEEP]
     if left:
         tclib.log(f"removing dm devices left behind by an earlier test: {left}")
-        tclib.run(["dmsetup", "remove_all", "--force"], check=False)
+        for n in left:
+            tclib.run(["dmsetup", "remove", "--force", n], check=False)
     cur = tclib.KmsgCursor(f"START {request.node.nodeid}")
     yield
     tclib.kmsg(f"END {request.node.nodeid}")
@@ -59,10 +60,20 @@ def stack():
     s = tclib.Stack()
     yield s
     errors = s.close()
-    left = tclib.dm_names()
+    left = [n for n in tclib.dm_names() if n not in tclib.KEEP]
     if errors or left:
         pytest.fail(f"teardown problems: {errors}; dm devices left: {left}",
                     pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def module_stack():
+    """A Stack shared by the tests of one file (devices kept between tests)."""
+    s = tclib.Stack(prefix="tcm", keep=True)
+    yield s
+    errors = s.close()
+    if errors:
+        pytest.fail(f"module teardown problems: {errors}", pytrace=False)
 
 
 @pytest.fixture

@@ -28,12 +28,14 @@ dmesg -w >"$RES/dmesg-live.txt" 2>&1 &
 DMESG_PID=$!
 
 say "kernel $(uname -r), $(nproc) cpus, $(awk '/MemTotal/ {print $2 " kB"}' /proc/meminfo)"
-echo 1 >/proc/sys/kernel/printk_ratelimit 2>/dev/null || true
+# console: warnings and worse, so an oops or panic reaches the host's
+# console.log even if the guest dies before the streamed log catches up
+echo 5 >/proc/sys/kernel/printk 2>/dev/null || true
 # a hung task is reported after 60 s instead of 120 s
 echo 60 >/proc/sys/kernel/hung_task_timeout_secs 2>/dev/null || true
 
 mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config 2>/dev/null || true
-for m in dm-mod dm-delay dm-flakey dm-linear; do
+for m in dm-mod dm-delay dm-flakey; do
 	modprobe "$m" 2>/dev/null || say "modprobe $m failed (may be built in)"
 done
 modprobe null_blk nr_devices=0 || say "modprobe null_blk failed"

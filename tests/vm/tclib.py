@@ -27,10 +27,21 @@ MODNAME = "dm_tiercache"
 TARGET = "tiercache"
 
 SECTOR = 512
+# The kernel reads a new disk's first and last blocks (partition scan) as
+# soon as it exists, so those blocks may already be cached (clean) when a
+# test starts.  Tests that count hits/misses stay this far from both ends.
+SCAN_MARGIN = 4 * 1024 * 1024
 KiB = 1024
 MiB = 1024 * 1024
 
 ENV = dict(os.environ, DM_DISABLE_UDEV="1", LC_ALL="C")
+
+# writable scratch directory (the guest's root file system is read-only)
+WORKDIR = os.environ.get("TMPDIR", "/tmp")
+
+# dm devices owned by module-scoped stacks: the per-test clean-slate check
+# leaves them alone
+KEEP = set()
 
 
 class CmdError(Exception):
@@ -44,7 +55,7 @@ def log(msg):
     print(f"[tclib] {msg}", file=sys.stderr, flush=True)
 
 
-def run(cmd, check=True, timeout=120, input=None, quiet=False):
+def run(cmd, check=True, timeout=120, input=None, quiet=False, cwd=None):
     """Run a command (list or string), return CompletedProcess (text).
 
     On timeout the command is killed and TimeoutExpired raised without
@@ -57,7 +68,7 @@ def run(cmd, check=True, timeout=120, input=None, quiet=False):
         log("$ " + shlex.join(cmd))
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-                         text=True, env=ENV)
+                         text=True, env=ENV, cwd=cwd)
     try:
         out, err = p.communicate(input=input, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -133,12 +144,44 @@ def block_stat(path):
     return {k: int(v) for k, v in zip(STAT_FIELDS, vals)}
 
 
+def settle(path, quiet_s=0.6, timeout=20):
+    """Wait until the device's read/write counters stop moving (e.g. the
+    kernel's partition scan of a new disk); return its stat."""
+    deadline = time.monotonic() + timeout
+    prev, since = block_stat(path), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        cur = block_stat(path)
+        if (cur["reads"], cur["writes"], cur["in_flight"]) != \
+                (prev["reads"], prev["writes"], prev["in_flight"]):
+            prev, since = cur, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return cur
+    return prev
+
+
 def stat_delta(after, before):
     return {k: after[k] - before[k] for k in after}
 
 
 def sysfs_queue(path, attr):
     return Path(f"/sys/dev/block/{devno(path)}/queue/{attr}").read_text().strip()
+
+
+BLKDISCARD = 0x1277
+
+
+def discard(path, offset, length):
+    """BLKDISCARD ioctl (blkdiscard(8) would first probe the device with
+    libblkid, i.e. read it, which disturbs the cache's counters)."""
+    import fcntl
+    import struct
+    log(f"BLKDISCARD {path} offset {offset} length {length}")
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        fcntl.ioctl(fd, BLKDISCARD, struct.pack("QQ", offset, length))
+    finally:
+        os.close(fd)
 
 
 def flushbufs(path):
@@ -624,8 +667,9 @@ class Stack:
     RD_NR = 6
     RD_SIZE_KIB = 256 * 1024
 
-    def __init__(self, prefix="tc"):
+    def __init__(self, prefix="tc", keep=False):
         self.prefix = prefix
+        self.keep = keep
         self.es = contextlib.ExitStack()
         self.brd_next = 0
         self.nullb_next = 0
@@ -715,6 +759,9 @@ class Stack:
     # --- dm devices
     def dm(self, name, table, cls=DmDevice, **kw):
         dev = cls.create(name, table, **kw)
+        if self.keep:
+            KEEP.add(name)
+            self._defer(KEEP.discard, name)
         self._defer(dev.remove)
         return dev
 
@@ -743,9 +790,11 @@ class Stack:
         With a seed, the origin is first filled with a seeded pattern and
         the returned .model holds it.
         """
-        origin = self.slow(origin_mib * MiB, read_ms=read_ms, write_ms=write_ms)
+        backing = self.ram(origin_mib * MiB)
+        # seeded on the RAM disk: a write through dm-delay waits write_ms
+        model = seeded_origin(backing, seed=seed) if seed is not None else None
+        origin = self.slow(backing=backing, read_ms=read_ms, write_ms=write_ms)
         cache = self.ram(cache_mib * MiB)
-        model = seeded_origin(origin.path, seed=seed) if seed is not None else None
         tc = self.tiercache(origin.path, cache, block, mode, keys)
         return Setup(origin, cache, tc, model)
 
@@ -767,5 +816,5 @@ def seeded_origin(path, seed=1, size=None):
 
 def fio(args, timeout=600, check=True):
     """Run fio with common options; returns CompletedProcess."""
-    cmd = ["fio", "--output-format=normal", "--eta=never"] + list(args)
-    return run(cmd, timeout=timeout, check=check)
+    cmd = ["fio", "--output-format=normal", "--eta=never", "--verify_state_save=0"] + list(args)
+    return run(cmd, timeout=timeout, check=check, cwd=WORKDIR)

@@ -98,7 +98,7 @@ def test_nullb_discard_zeroes(stack):
     assert int(tclib.sysfs_queue(nb, "discard_max_bytes")) > 0
     tclib.write_direct(nb, 0, b"\x5a" * MiB)
     before = tclib.block_stat(nb)
-    tclib.run(["blkdiscard", "-o", "0", "-l", str(256 * KiB), nb])
+    tclib.discard(nb, 0, 256 * KiB)
     d = tclib.stat_delta(tclib.block_stat(nb), before)
     assert d["discards"] >= 1 and d["discard_sectors"] == 512
     assert tclib.read_direct(nb, 0, 256 * KiB) == b"\0" * (256 * KiB)
