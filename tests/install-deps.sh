@@ -29,14 +29,14 @@ PKGS=(
 	# VM
 	qemu-system-x86 busybox-static
 	# in-VM tools (the guest sees the host's root file system)
-	fio libaio1 dmsetup kmod udev util-linux procps coreutils
+	fio libaio1 dmsetup kmod udev util-linux procps coreutils lvm2
 	python3 python3-pytest python3-pip
 )
 
-# Rust userspace tool (owned elsewhere): build/test it only if present.
-if [ -f "$REPO/userspace/Cargo.toml" ] && ! command -v cargo >/dev/null &&
-   [ ! -x "$HOME/.cargo/bin/cargo" ]; then
-	PKGS+=(cargo rustc pkg-config)
+# The Rust userspace tool (userspace/): bindgen needs libclang and
+# libdevmapper's headers; the toolchain is checked below.
+if [ -f "$REPO/userspace/Cargo.toml" ]; then
+	PKGS+=(libclang-dev libdevmapper-dev pkg-config curl ca-certificates)
 fi
 
 missing=()
@@ -73,6 +73,29 @@ if [ ! -e "/lib/modules/$KVER/build" ] || [ ! -e "/boot/vmlinuz-$KVER" ]; then
 	say "apt-get install linux-image-$KVER linux-headers-$KVER"
 	$SUDO apt-get install -y -q --no-install-recommends \
 		"linux-image-$KVER" "linux-headers-$KVER"
+fi
+
+# Rust: the crate's rust-version is newer than bookworm's rustc (1.63), so
+# unless a recent enough toolchain is present, install rustup's stable one
+# (minimal profile) into ~/.cargo.
+ver_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
+if [ -f "$REPO/userspace/Cargo.toml" ]; then
+	need=$(sed -n 's/^rust-version *= *"\([0-9.]*\)".*/\1/p' "$REPO/userspace/Cargo.toml")
+	need=${need:-1.70}
+	PATH=$HOME/.cargo/bin:$PATH
+	have=$(rustc --version 2>/dev/null | awk '{print $2}')
+	if [ -z "$have" ] || ! ver_ge "$have" "$need" || ! command -v cargo >/dev/null; then
+		say "rustc ${have:-missing} < $need: installing the stable toolchain with rustup"
+		if command -v rustup >/dev/null; then
+			rustup toolchain install stable --profile minimal
+			rustup default stable
+		else
+			curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs |
+				sh -s -- -y --profile minimal --default-toolchain stable --no-modify-path
+		fi
+		hash -r
+	fi
+	say "rust: $(rustc --version 2>/dev/null || echo missing)"
 fi
 
 # virtme-ng (vng): not packaged in bookworm, installed from PyPI.

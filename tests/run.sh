@@ -63,6 +63,9 @@ elif ! "$REPO/tests/install-deps.sh"; then
 fi
 KVER=${KVER:-$(ls /lib/modules 2>/dev/null | grep -E '^6\.1\.' | sort -V | tail -n 1)}
 export KVER
+# a rustup toolchain (install-deps.sh installs one if the distribution's is
+# too old for userspace/) lives in ~/.cargo/bin
+[ -d "$HOME/.cargo/bin" ] && PATH=$HOME/.cargo/bin:$PATH
 echo "KVER=$KVER  results: results/$STAMP"
 
 # ------------------------------------------------------------------ build
@@ -97,6 +100,16 @@ else
 	fi
 fi
 
+# The userspace tool: the in-VM tool tests run the binary built here.
+if [ "${TC_SKIP_BUILD:-0}" != 1 ] && [ -f userspace/Makefile ]; then
+	if make -C userspace >"$RES/userspace-build.log" 2>&1; then
+		check "userspace build" PASS
+	else
+		tail -n 30 "$RES/userspace-build.log"
+		check "userspace build" FAIL "make -C userspace (results/$STAMP/userspace-build.log)"
+	fi
+fi
+
 # ------------------------------------------------------------------ host tests
 hdr "host unit tests"
 if [ "${TC_SKIP_HOST:-0}" = 1 ]; then
@@ -110,7 +123,6 @@ else
 		fi
 	fi
 	if [ -f userspace/Cargo.toml ]; then
-		[ -d "$HOME/.cargo/bin" ] && PATH=$PATH:$HOME/.cargo/bin
 		if (cd userspace && cargo test) 2>&1 | tee "$RES/cargo-test.log"; then
 			check "cargo test" PASS
 		else
