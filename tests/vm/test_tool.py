@@ -452,6 +452,16 @@ def test_flush_progress_rate_eta_and_timeout(res):
     assert re.match(r"tiercache: tct6: flush not finished after 1s; [\d.]+ MiB still dirty\n"
                     r"tiercache: hint: the flush goes on in the kernel; follow it with "
                     r"'tiercache status tct6'\n$", p.stderr), p.stderr
+    # On a terminal: a bar redrawn in place.
+    p = sh(["script", "-qec", f"{TOOL} flush --wait --timeout 3 tct6", "/dev/null"], check=False)
+    assert p.returncode == 7, p.stdout
+    # (text mode turns the bar's carriage returns into newlines)
+    frames = [f for f in re.split(r"[\r\n]", p.stdout) if f.strip()]
+    bars = [f for f in frames if re.search(r"tct6: \[[#-]{24}\] +[\d.]+%  [\d.]+ (KiB|MiB) left  ", f)]
+    assert len(bars) >= 3, repr(p.stdout[:2000])
+    assert "\x1b[K" in p.stdout, "the bar is not redrawn in place"
+    assert any(re.search(r"(KiB|MiB)/s  ETA \d", b) for b in bars), repr(p.stdout[:2000])
+    assert "flush not finished after 3s" in p.stdout
     p = tool("flush", "--wait", "--progress", "lines", "tct6", timeout=120)
     lines = p.stderr.splitlines()
     assert len(lines) >= 2, p.stderr
