@@ -784,3 +784,18 @@ fn list_shows_cached_and_detached() {
         .collect();
     assert_eq!(states, vec!["cached", "detached"]);
 }
+
+#[test]
+fn set_save_updates_the_config_entry() {
+    let t = T::new();
+    attach(&t);
+    t.ctx().set("slow", "flush_depth", "64", true).unwrap();
+    t.ctx().set("slow", "mode", "writethrough", true).unwrap();
+    t.ctx().set("slow", "flush_depth", "32", true).unwrap();
+    let conf = t.host.files.borrow()[CONF].clone();
+    assert!(
+        conf.contains("slow\tvg/slow\tvg/fast\tblock_size=4K,mode=writethrough,flush_depth=32\n"),
+        "{conf}"
+    );
+    assert_eq!(crate::config::parse("x", &conf).unwrap().len(), 1);
+}
