@@ -1,0 +1,827 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: GPL-2.0
+"""flushbench.py - the flush-linearisation experiment of dm-tiercache.
+
+  flushbench.py run [options]      inside the test VM, as root: for every
+                                   slow-disk model, case and cache system,
+                                   build the stack (scripts/stack.sh), run
+                                   fio 4 KiB random writes, time a full
+                                   flush and count what the slow disk got
+  flushbench.py report DIR...      tables, CSV and chart from the JSON files
+                                   that 'run' wrote
+
+'run' needs only the Python standard library, fio, dmsetup and the tools
+stack.sh needs; 'report --chart' needs matplotlib (python3-matplotlib).
+"""
+
+import argparse
+import csv
+import datetime
+import glob
+import json
+import math
+import mmap
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import time
+
+SCRIPT_DIR = os.path.dirname(os.path.abspath(__file__))
+STACK = os.path.join(SCRIPT_DIR, "stack.sh")
+STACK_NAME = "fbench"
+
+# name, slow disk MiB, cache MiB, MiB written, MiB region written over,
+# tiercache flush_depth (None = module default)
+DEFAULT_CASES = "full32:32:512:32,first64:256:512:64,sparse64:256:512:64:256"
+CASE_NOTES = {
+    "full32": "32 MiB slow disk, 32 MiB of 4 KiB random writes covering all of it",
+    "first64": "256 MiB slow disk, 64 MiB of 4 KiB random writes over its first 64 MiB",
+    "sparse64": "256 MiB slow disk, 64 MiB of 4 KiB random writes spread over all 256 MiB",
+}
+PEERS = ["bcache", "dm-cache", "dm-writecache"]
+
+
+T_START = time.monotonic()
+
+
+def log(msg):
+    t = int(time.monotonic() - T_START)
+    print(f"{t // 60:3d}:{t % 60:02d} {msg}", flush=True)
+
+
+class Case:
+    def __init__(self, spec, sparse_depth):
+        parts = spec.split(":")
+        if len(parts) not in (4, 5) or not re.match(r"^[A-Za-z][A-Za-z0-9_]*$", parts[0]):
+            raise SystemExit(f"flushbench: invalid case '{spec}' (expected NAME:FSIZE:RSIZE:FIOSIZE[:REGION], sizes in MiB)")
+        try:
+            nums = [int(x) for x in parts[1:]]
+        except ValueError:
+            raise SystemExit(f"flushbench: invalid case '{spec}': sizes must be whole MiB")
+        self.name = parts[0]
+        self.fsize, self.rsize, self.fio_mib = nums[:3]
+        self.region_mib = nums[3] if len(nums) == 4 else self.fio_mib
+        if min(nums) <= 0:
+            raise SystemExit(f"flushbench: invalid case '{spec}': sizes must be at least 1 MiB")
+        if self.region_mib > self.fsize:
+            raise SystemExit(f"flushbench: case {self.name}: region {self.region_mib} MiB exceeds the slow disk ({self.fsize} MiB)")
+        if self.fio_mib > self.region_mib:
+            raise SystemExit(f"flushbench: case {self.name}: {self.fio_mib} MiB written exceeds the region ({self.region_mib} MiB)")
+        if self.fio_mib * 2 > self.rsize:
+            raise SystemExit(f"flushbench: case {self.name}: {self.fio_mib} MiB written must be at most half the cache ({self.rsize} MiB), or writeback starts during fio")
+        self.sparse = self.region_mib > self.fio_mib
+        # A sparse flush has thousands of runs: allow many in flight.
+        self.flush_depth = sparse_depth if self.sparse and sparse_depth else None
+
+    def desc(self):
+        if self.name in CASE_NOTES and self.spec_default():
+            return CASE_NOTES[self.name]
+        where = (f"spread over {self.region_mib} MiB" if self.sparse
+                 else f"over the first {self.region_mib} MiB")
+        return (f"{self.fsize} MiB slow disk, {self.rsize} MiB cache, {self.fio_mib} MiB of "
+                f"4 KiB random writes {where}")
+
+    def spec_default(self):
+        return f"{self.name}:{self.fsize}:{self.rsize}:{self.fio_mib}" in DEFAULT_CASES
+
+    def as_dict(self):
+        return {"case": self.name, "fsize_mib": self.fsize, "rsize_mib": self.rsize,
+                "fio_mib": self.fio_mib, "region_mib": self.region_mib,
+                "tc_flush_depth": self.flush_depth}
+
+
+# ---------------------------------------------------------------------------
+# small helpers
+
+def sh(cmd, check=True, timeout=None):
+    """Run a command, return stdout; raise with stderr on failure."""
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}: {p.stderr.strip()}")
+    return p.stdout
+
+
+def read_file(path):
+    with open(path) as f:
+        return f.read().strip()
+
+
+def write_file(path, value):
+    with open(path, "w") as f:
+        f.write(str(value))
+
+
+def disk_stat(kname):
+    """writes completed, writes merged, sectors written of /sys/block/KNAME."""
+    f = read_file(f"/sys/block/{kname}/stat").split()
+    return {"reads": int(f[0]), "read_sectors": int(f[2]),
+            "writes": int(f[4]), "merges": int(f[5]), "sectors": int(f[6])}
+
+
+def stat_delta(a, b):
+    return {k: b[k] - a[k] for k in a}
+
+
+def dm_status(name):
+    """Tokens of 'dmsetup status NAME' after '<start> <len> <target>'."""
+    return sh(["dmsetup", "status", name]).split()[3:]
+
+
+def human_kib(v):
+    """bcache's human-readable sizes (12.3k, 1.5M, 0.0k) to KiB."""
+    m = re.match(r"^([0-9.]+)([kMGT]?)", v.strip())
+    if not m:
+        return None
+    mult = {"": 1 / 1024, "k": 1, "M": 1024, "G": 1024 ** 2, "T": 1024 ** 3}[m.group(2)]
+    return float(m.group(1)) * mult
+
+
+class Progress:
+    """Print a progress line every `interval` seconds."""
+
+    def __init__(self, prefix, interval):
+        self.prefix = prefix
+        self.interval = interval
+        self.t0 = time.monotonic()
+        self.next = self.t0 + interval
+
+    def due(self):
+        return time.monotonic() >= self.next
+
+    def say(self, what):
+        now = time.monotonic()
+        self.next = now + self.interval
+        log(f"{self.prefix} {now - self.t0:7.1f} s  {what}")
+
+
+# ---------------------------------------------------------------------------
+# flush procedures: each returns (seconds, error or None, extra dict)
+
+class Timeout(Exception):
+    pass
+
+
+def flush_tiercache(info, prog, timeout):
+    name = info["DM_NAME"]
+    event = int(sh(["dmsetup", "info", "-c", "--noheadings", "-o", "events", name]).strip())
+    t0 = time.monotonic()
+    sh(["dmsetup", "message", name, "0", "flush"])
+    waiter = subprocess.Popen(["dmsetup", "wait", name, str(event)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    t_event = None
+    try:
+        while True:
+            if t_event is None and waiter.poll() is not None:
+                t_event = time.monotonic()
+            if t_event is not None:
+                st = dm_status(name)
+                if st[3] == "0" and st[9] == "idle":
+                    break
+                if st[17] != "0":
+                    return time.monotonic() - t0, f"tiercache latched error {st[17]}", {}
+                # The event came, but not the end of the flush: wait on.
+                if time.monotonic() - t_event > 30:
+                    return (time.monotonic() - t0,
+                            f"dm event raised but dirty={st[3]} flush_state={st[9]} 30 s later", {})
+                time.sleep(0.05)
+                continue
+            if time.monotonic() - t0 > timeout:
+                raise Timeout()
+            if prog.due():
+                st = dm_status(name)
+                prog.say(f"dirty {st[3]} blocks, {st[9]}, {st[11]} origin writes issued")
+            time.sleep(0.02)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+        waiter.wait()
+    secs = (t_event or time.monotonic()) - t0
+    st = dm_status(name)
+    keys = ["wb_blocks", "wb_requests", "wb_sectors", "avg_write_kb", "merge_ratio",
+            "bridged_blocks", "inflight_max", "error", "flushes"]
+    extra = {"tc_" + k: st[10 + i] for i, k in enumerate(keys)}
+    extra["tc_status"] = " ".join(st)
+    if st[17] != "0":
+        return secs, f"tiercache latched error {st[17]}", extra
+    return secs, None, extra
+
+
+def flush_bcache(info, prog, timeout):
+    d = f"/sys/block/{info['BCACHE_DEV']}/bcache"
+    t0 = time.monotonic()
+    # As published: writeback as fast as allowed, no delay, then writethrough
+    # (no new dirty data) and wait for the backing device to be clean.
+    write_file(f"{d}/writeback_delay", 0)
+    write_file(f"{d}/writeback_rate", 2147483647)
+    write_file(f"{d}/cache_mode", "writethrough")
+    while read_file(f"{d}/state") != "clean":
+        if time.monotonic() - t0 > timeout:
+            raise Timeout()
+        if prog.due():
+            prog.say(f"dirty_data {read_file(d + '/dirty_data')}, state {read_file(d + '/state')}")
+        time.sleep(0.05)
+    return time.monotonic() - t0, None, {}
+
+
+def dmcache_dirty(name):
+    return int(dm_status(name)[10])
+
+
+def flush_dmcache(info, prog, timeout):
+    name = info["DM_NAME"]
+    tok = sh(["dmsetup", "table", name]).split()
+    # start len cache meta cache origin bs #feat feat... policy #args args...
+    nfeat = int(tok[7])
+    new = tok[:8 + nfeat] + ["cleaner", "0"]
+    t0 = time.monotonic()
+    sh(["dmsetup", "--noudevsync", "reload", name, "--table", " ".join(new)])
+    sh(["dmsetup", "--noudevsync", "resume", name])
+    while True:
+        dirty = dmcache_dirty(name)
+        if dirty == 0:
+            break
+        if time.monotonic() - t0 > timeout:
+            raise Timeout()
+        if prog.due():
+            prog.say(f"dirty {dirty} blocks")
+        time.sleep(0.1)
+    return time.monotonic() - t0, None, {}
+
+
+def flush_writecache(info, prog, timeout):
+    name = info["DM_NAME"]
+    t0 = time.monotonic()
+    p = subprocess.Popen(["dmsetup", "message", name, "0", "flush"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while p.poll() is None:
+            if time.monotonic() - t0 > timeout:
+                raise Timeout()
+            if prog.due():
+                st = dm_status(name)
+                prog.say(f"{int(st[1]) - int(st[2])} blocks in use, {st[3]} under writeback")
+            time.sleep(0.02)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    secs = time.monotonic() - t0
+    err = p.stderr.read().strip()
+    if p.returncode != 0:
+        return secs, f"flush message failed: {err}", {}
+    st = dm_status(name)
+    if st[0] != "0":
+        return secs, f"dm-writecache error {st[0]}", {}
+    return secs, None, {}
+
+
+FLUSH = {"tiercache": flush_tiercache, "bcache": flush_bcache,
+         "dm-cache": flush_dmcache, "dm-writecache": flush_writecache}
+
+
+def dirty_now(kind, info):
+    try:
+        if kind == "tiercache":
+            return int(dm_status(info["DM_NAME"])[3])
+        if kind == "dm-cache":
+            return dmcache_dirty(info["DM_NAME"])
+        if kind == "bcache":
+            kib = human_kib(read_file(f"/sys/block/{info['BCACHE_DEV']}/bcache/dirty_data"))
+            return None if kib is None else int(kib / 4)
+    except (RuntimeError, OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+# ---------------------------------------------------------------------------
+# compare what the cache presents with what the slow disk holds after a flush
+
+def compare_devices(top, slow, slow_offset, nbytes):
+    """Return (mismatching 4 KiB blocks, first mismatching byte offset)."""
+    chunk = 1 << 20
+    a = mmap.mmap(-1, chunk)
+    b = mmap.mmap(-1, chunk)
+    fa = os.open(top, os.O_RDONLY | os.O_DIRECT)
+    fb = os.open(slow, os.O_RDONLY | os.O_DIRECT)
+    bad, first = 0, None
+    try:
+        off = 0
+        while off < nbytes:
+            n = min(chunk, nbytes - off)
+            va = memoryview(a)[:n]
+            vb = memoryview(b)[:n]
+            if os.preadv(fa, [va], off) != n or os.preadv(fb, [vb], off + slow_offset) != n:
+                raise RuntimeError(f"short read at {off}")
+            if va != vb:
+                for i in range(0, n, 4096):
+                    if va[i:i + 4096] != vb[i:i + 4096]:
+                        bad += 1
+                        if first is None:
+                            first = off + i
+            va.release()
+            vb.release()
+            off += n
+    finally:
+        os.close(fa)
+        os.close(fb)
+    return bad, first
+
+
+# ---------------------------------------------------------------------------
+# run
+
+def stack_create(args_list):
+    p = subprocess.run([STACK, "create", STACK_NAME] + args_list, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"stack.sh create failed: {p.stderr.strip()}")
+    info = {}
+    for line in p.stdout.splitlines():
+        if "=" in line:
+            k, v = line.split("=", 1)
+            info[k] = v
+    return info
+
+
+def stack_remove():
+    p = subprocess.run([STACK, "remove", STACK_NAME], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"stack.sh remove failed: {p.stderr.strip()}")
+
+
+def model_args(a, model):
+    if model == "delay":
+        return ["--slow", "delay", "--slow-backing", a.slow_backing,
+                "--read-delay-ms", str(a.read_delay_ms), "--write-delay-ms", str(a.delay_ms)]
+    return ["--slow", "hdd", "--hdd-nsec", str(a.hdd_nsec), "--hdd-mbps", str(a.hdd_mbps),
+            "--hdd-depth", str(a.hdd_depth), "--hdd-sched", a.hdd_sched,
+            "--hdd-max-kb", str(a.hdd_max_kb)]
+
+
+def model_desc(a, model):
+    if model == "delay":
+        back = "RAM disk" if a.slow_backing == "ram" else "loop file"
+        return f"dm-delay {a.delay_ms} ms write / {a.read_delay_ms} ms read over a {back}"
+    cap = f", {a.hdd_mbps} MB/s" if a.hdd_mbps else ""
+    return (f"HDD-like null_blk {a.hdd_nsec / 1e6:g} ms per request{cap}, "
+            f"queue depth {a.hdd_depth}, {a.hdd_sched}, requests up to {a.hdd_max_kb} KiB")
+
+
+def system_args(system, case, a):
+    if system == "bare":
+        return ["--system", "none"], "none"
+    m = re.match(r"^tiercache-b(\d+)$", system)
+    if m:
+        opts = ["--system", "tiercache", "--opt", f"bridge_gap_kb={m.group(1)}"]
+        if case.flush_depth:
+            opts += ["--opt", f"flush_depth={case.flush_depth}"]
+        return opts, "tiercache"
+    if system == "bcache" and a.bcache_writeback_delay is not None:
+        return ["--system", system, "--bcache-writeback-delay", str(a.bcache_writeback_delay)], system
+    if system in PEERS:
+        return ["--system", system], system
+    raise SystemExit(f"flushbench: unknown system '{system}'")
+
+
+def run_fio(dev, region_bytes, io_bytes, a, runtime, prog, slow_kname):
+    cmd = ["fio", "--name=flushbench", f"--filename={dev}", "--bs=4k", "--iodepth=8",
+           "--direct=1", "--ioengine=libaio", "--readwrite=randwrite",
+           f"--randseed={a.seed}", f"--size={region_bytes}", "--output-format=json",
+           "--eta=never"]
+    if io_bytes != region_bytes:
+        cmd.append(f"--io_size={io_bytes}")
+    if runtime:
+        cmd.append(f"--runtime={runtime}")
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    s0 = disk_stat(slow_kname)
+    while p.poll() is None:
+        if time.monotonic() - t0 > a.fio_timeout:
+            p.kill()
+            p.wait()
+            raise Timeout()
+        if prog.due():
+            prog.say(f"fio running, slow disk got {disk_stat(slow_kname)['writes'] - s0['writes']} writes")
+        time.sleep(0.1)
+    out, err = p.communicate()
+    if p.returncode != 0:
+        raise RuntimeError(f"fio failed: {err.strip()}")
+    # fio may print warnings before the JSON document
+    job = json.loads(out[out.index("{"):])["jobs"][0]["write"]
+    return {"fio_iops": round(job["iops"], 1), "fio_ios": job["total_ios"],
+            "fio_bytes": job["io_bytes"], "fio_seconds": round(job["runtime"] / 1000.0, 3)}
+
+
+def run_one(a, model, case, system):
+    tag = f"[{model} {case.name}] {system}:"
+    rec = {"model": model, "model_desc": model_desc(a, model), "system": system,
+           "cache_kind": a.cache, "error": None, "check": "skipped"}
+    rec.update(case.as_dict())
+    sargs, kind = system_args(system, case, a)
+    rec["kind"] = kind
+    log(f"{tag} building stack")
+    t_build = time.monotonic()
+    try:
+        info = stack_create(sargs + model_args(a, model) + [
+            "--slow-size", f"{case.fsize}M", "--cache", a.cache,
+            "--cache-size", f"{case.rsize}M"])
+    except RuntimeError as e:
+        rec["error"] = str(e)
+        log(f"{tag} ERROR {e}")
+        return rec
+    rec["table"] = info.get("TABLE", "")
+    prog = Progress(tag, a.progress)
+    try:
+        top, slow, slow_k = info["TOP_DEV"], info["SLOW_DEV"], info["SLOW_KNAME"]
+        log(f"{tag} stack ready in {time.monotonic() - t_build:.1f} s: {top} over {slow}"
+            f"{' (' + info['CACHE_DEV'] + ')' if 'CACHE_DEV' in info else ''}")
+        q = f"/sys/block/{slow_k}/queue"
+        rec["slow_max_sectors_kb"] = int(read_file(f"{q}/max_sectors_kb"))
+        rec["slow_max_segments"] = int(read_file(f"{q}/max_segments"))
+        if kind == "tiercache":
+            sh(["dmsetup", "message", info["DM_NAME"], "0", "stats", "reset"])
+        top_bytes = int(sh(["blockdev", "--getsize64", top]))
+        region = case.region_mib << 20
+        io = case.fio_mib << 20
+        if region > top_bytes:
+            # bcache keeps its superblock at the start of the slow disk
+            region = top_bytes // 4096 * 4096
+            io = min(io, region)
+            rec["note"] = f"region capped to the {top_bytes} byte device"
+        s0 = disk_stat(slow_k)
+        log(f"{tag} fio {io >> 20} MiB of 4 KiB random writes over {region / 1048576:g} MiB")
+        rec.update(run_fio(top, region, io, a, a.bare_runtime if kind == "none" else None,
+                           prog, slow_k))
+        s1 = disk_stat(slow_k)
+        d = stat_delta(s0, s1)
+        rec.update({"origin_writes_fio": d["writes"], "origin_sectors_fio": d["sectors"],
+                    "origin_merges_fio": d["merges"]})
+        log(f"{tag} fio {rec['fio_iops']:.0f} IOPS over {rec['fio_seconds']:.1f} s;"
+            f" slow disk got {d['writes']} writes meanwhile")
+        if kind == "none":
+            return rec
+        rec["dirty_before_flush"] = dirty_now(kind, info)
+        log(f"{tag} full flush starts ({rec['dirty_before_flush']} dirty blocks)"
+            if rec["dirty_before_flush"] is not None else f"{tag} full flush starts")
+        prog = Progress(tag, a.progress)
+        try:
+            secs, err, extra = FLUSH[kind](info, prog, a.flush_timeout)
+        except Timeout:
+            secs, err, extra = None, f"flush did not finish within {a.flush_timeout} s", {}
+        s2 = disk_stat(slow_k)
+        d = stat_delta(s1, s2)
+        rec.update(extra)
+        rec.update({"flush_seconds": None if secs is None else round(secs, 3),
+                    "origin_writes_flush": d["writes"], "origin_sectors_flush": d["sectors"],
+                    "origin_merges_flush": d["merges"], "origin_reads_flush": d["reads"],
+                    "origin_read_sectors_flush": d["read_sectors"]})
+        rec["origin_writes"] = rec["origin_writes_fio"] + d["writes"]
+        rec["origin_sectors"] = rec["origin_sectors_fio"] + d["sectors"]
+        rec["avg_write_kb"] = (round(rec["origin_sectors"] / 2 / rec["origin_writes"], 1)
+                               if rec["origin_writes"] else None)
+        if err:
+            rec["error"] = err
+            log(f"{tag} ERROR {err}")
+        else:
+            log(f"{tag} flushed in {secs:.2f} s: {d['writes']} origin writes during the flush,"
+                f" {rec['origin_writes']} in all, {rec['avg_write_kb']} KiB on average;"
+                f" {d['reads']} origin reads during the flush")
+        if a.check and not err:
+            off = int(info.get("BCACHE_DATA_OFFSET") or 0) * 512
+            bad, first = compare_devices(top, slow, off, region)
+            rec["check"] = "ok" if bad == 0 else f"MISMATCH: {bad} blocks, first at byte {first}"
+            log(f"{tag} slow disk {'matches' if bad == 0 else 'DIFFERS FROM'} the cached device"
+                f" over the {region >> 20} MiB written{'' if bad == 0 else ': ' + rec['check']}")
+    except (RuntimeError, OSError, ValueError, KeyError, IndexError, Timeout) as e:
+        rec["error"] = rec.get("error") or f"{type(e).__name__}: {e}"
+        log(f"{tag} ERROR {rec['error']}")
+    finally:
+        try:
+            stack_remove()
+        except RuntimeError as e:
+            rec["error"] = rec["error"] or str(e)
+            log(f"{tag} ERROR {e}")
+    return rec
+
+
+def cmd_run(a):
+    if os.geteuid() != 0:
+        raise SystemExit("flushbench: run needs root")
+    for tool in ("fio", "dmsetup", "blockdev"):
+        if subprocess.run(["sh", "-c", f"command -v {tool}"], stdout=subprocess.DEVNULL).returncode:
+            raise SystemExit(f"flushbench: {tool} not found")
+    cases = [Case(s, a.sparse_flush_depth) for s in a.cases.split(",") if s]
+    models = [m for m in a.models.split(",") if m]
+    for m in models:
+        if m not in ("delay", "hdd"):
+            raise SystemExit(f"flushbench: unknown model '{m}' (delay, hdd)")
+    systems = [s for s in a.systems.split(",") if s]
+    if "tiercache" in systems:
+        i = systems.index("tiercache")
+        systems[i:i + 1] = [f"tiercache-b{b}" for b in a.tc_bridges.split(",")]
+    for s in systems:
+        system_args(s, cases[0], a)
+    os.makedirs(a.out, exist_ok=True)
+    out = os.path.join(a.out, f"{a.tag}.json")
+    meta = {"kernel": platform.release(), "started": datetime.datetime.now().isoformat(timespec="seconds"),
+            "argv": sys.argv[1:], "seed": a.seed, "cache_kind": a.cache,
+            "models": {m: model_desc(a, m) for m in models},
+            "cases": {c.name: c.desc() for c in cases}}
+    records = []
+
+    def save():
+        tmp = out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"meta": meta, "records": records}, f, indent=1)
+        os.replace(tmp, out)
+
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt()
+    signal.signal(signal.SIGTERM, on_signal)
+    # Leftovers of an interrupted run would block every create.
+    subprocess.run([STACK, "remove", STACK_NAME], stdout=subprocess.DEVNULL)
+    try:
+        for m in models:
+            for c in cases:
+                log(f"== {model_desc(a, m)} | {c.name}: {c.desc()}")
+                for s in systems:
+                    records.append(run_one(a, m, c, s))
+                    save()
+    except KeyboardInterrupt:
+        log("flushbench: interrupted; tearing down")
+        subprocess.run([STACK, "remove", STACK_NAME])
+        meta["interrupted"] = True
+        save()
+        return 130
+    meta["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
+    save()
+    log(f"flushbench: results in {out}")
+    print_tables(records, sys.stdout)
+    return 1 if any(r["error"] for r in records) else 0
+
+
+# ---------------------------------------------------------------------------
+# report
+
+def fmt(v, spec):
+    if v is None:
+        return "-"
+    if spec == "int":
+        return f"{int(v)}"
+    if spec == "s":
+        return f"{v:.2f}" if v < 100 else f"{v:.0f}"
+    if spec == "x":
+        return f"{v:.2f}x" if v < 10 else f"{v:.0f}x"
+    return f"{v:.1f}"
+
+
+def groups(records):
+    out = {}
+    for r in records:
+        out.setdefault((r["model_desc"], r["case"]), []).append(r)
+    return out
+
+
+def reference(rows):
+    tcs = [r for r in rows if r.get("kind") == "tiercache" and r.get("origin_writes") and not r["error"]]
+    if not tcs:
+        return None
+    # the most merging variant (largest bridge) is the product's answer
+    return max(tcs, key=lambda r: int(r["system"].split("-b")[1]))
+
+
+def add_ratios(records):
+    for rows in groups(records).values():
+        ref = reference(rows)
+        for r in rows:
+            r["ref"] = ref["system"] if ref else None
+            r["time_vs_ref"] = r["writes_vs_ref"] = None
+            if not ref or r["kind"] == "none" or r["error"]:
+                continue
+            if r.get("flush_seconds") and ref.get("flush_seconds"):
+                r["time_vs_ref"] = r["flush_seconds"] / ref["flush_seconds"]
+            if r.get("origin_writes") and ref.get("origin_writes"):
+                r["writes_vs_ref"] = r["origin_writes"] / ref["origin_writes"]
+
+
+COLUMNS = [("system", "system", None), ("fio IOPS", "fio_iops", "int"),
+           ("flush s", "flush_seconds", "s"), ("origin writes", "origin_writes", "int"),
+           ("in flush", "origin_writes_flush", "int"), ("avg KiB", "avg_write_kb", "f"),
+           ("reads", "origin_reads_flush", "int"),
+           ("time/tc", "time_vs_ref", "x"), ("writes/tc", "writes_vs_ref", "x"),
+           ("check", "check", None)]
+
+
+def table_lines(rows):
+    cells = [[h for h, _, _ in COLUMNS]]
+    for r in rows:
+        line = []
+        for _, key, spec in COLUMNS:
+            v = r.get(key)
+            if r["kind"] == "none" and key not in ("system", "fio_iops"):
+                v = None
+            line.append(str(v if v is not None else "-") if spec is None else fmt(v, spec))
+        if r["error"]:
+            line[-1] = "ERROR"
+        cells.append(line)
+    w = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    lines = []
+    for n, c in enumerate(cells):
+        lines.append("  ".join(c[0].ljust(w[0]) if i == 0 else c[i].rjust(w[i]) if i < len(c) - 1
+                               else c[i] for i in range(len(c))).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * x for x in w))
+    return lines
+
+
+def print_tables(records, out, markdown=False):
+    add_ratios(records)
+    for (mdesc, case), rows in groups(records).items():
+        r0 = rows[0]
+        head = (f"{mdesc} | {case}: {r0['fsize_mib']} MiB slow disk, {r0['rsize_mib']} MiB "
+                f"{r0.get('cache_kind', 'ram')} cache, {r0['fio_mib']} MiB written over "
+                f"{r0['region_mib']} MiB")
+        if markdown:
+            print(f"\n**{head}**\n", file=out)
+            print("| " + " | ".join(h for h, _, _ in COLUMNS) + " |", file=out)
+            print("|" + "|".join("---" for _ in COLUMNS) + "|", file=out)
+            for line in table_lines(rows)[2:]:
+                print("| " + " | ".join(re.split(r"\s{2,}", line.strip())) + " |", file=out)
+        else:
+            print(f"\n{head}", file=out)
+            for line in table_lines(rows):
+                print("  " + line, file=out)
+        for r in rows:
+            if r["error"]:
+                print(f"  {r['system']}: ERROR {r['error']}", file=out)
+        ref = reference(rows)
+        if ref:
+            print(f"  (x/tc = ratio to {ref['system']}; origin writes = writes the slow disk "
+                  f"completed from the start of fio to the end of the flush)", file=out)
+
+
+CSV_FIELDS = ["model", "case", "system", "fsize_mib", "rsize_mib", "fio_mib", "region_mib",
+              "cache_kind", "fio_iops", "fio_seconds", "fio_ios", "flush_seconds",
+              "origin_writes", "origin_sectors", "avg_write_kb", "origin_writes_fio",
+              "origin_writes_flush", "origin_sectors_flush", "origin_merges_flush",
+              "origin_reads_flush", "origin_read_sectors_flush",
+              "dirty_before_flush", "time_vs_ref", "writes_vs_ref", "ref", "check", "error",
+              "tc_wb_requests", "tc_avg_write_kb", "tc_merge_ratio", "tc_bridged_blocks",
+              "tc_inflight_max", "model_desc", "table"]
+
+
+def chart(records, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    add_ratios(records)
+    cases = []
+    for r in records:
+        if r["case"] not in cases:
+            cases.append(r["case"])
+    models = []
+    for r in records:
+        if r["model_desc"] not in models:
+            models.append(r["model_desc"])
+    systems = []
+    for r in records:
+        if r["kind"] != "none" and r["system"] not in systems:
+            systems.append(r["system"])
+    colors = ["#4c72b0", "#dd8452", "#55a868", "#c44e52"]
+    metrics = [("flush_seconds", "full flush time (s)"),
+               ("origin_writes", "write requests the slow disk received")]
+    fig, axes = plt.subplots(len(cases), 2, figsize=(13, 2.2 + 1.0 * len(systems) * len(cases)),
+                             squeeze=False)
+    bar_h = 0.8 / max(1, len(models))
+    for ci, case in enumerate(cases):
+        for mi, (key, label) in enumerate(metrics):
+            ax = axes[ci][mi]
+            vals_all = []
+            for k, mdesc in enumerate(models):
+                ys, vals = [], []
+                for si, s in enumerate(systems):
+                    r = next((x for x in records if x["case"] == case and x["model_desc"] == mdesc
+                              and x["system"] == s), None)
+                    v = r.get(key) if r and not r["error"] else None
+                    if v:
+                        ys.append(si + (k - (len(models) - 1) / 2) * bar_h)
+                        vals.append(v)
+                ax.barh(ys, vals, height=bar_h * 0.95, color=colors[k % len(colors)],
+                        label=mdesc if ci == 0 and mi == 0 else None)
+                for y, v in zip(ys, vals):
+                    ax.text(v * 1.08, y, fmt(v, "s") if key == "flush_seconds" else f"{int(v)}",
+                            va="center", fontsize=8)
+                vals_all += vals
+            ax.set_xscale("log")
+            if vals_all:
+                ax.set_xlim(min(vals_all) / 2, max(vals_all) * 8)
+            ax.set_yticks(range(len(systems)))
+            ax.set_yticklabels(systems)
+            for t in ax.get_yticklabels():
+                if t.get_text().startswith("tiercache"):
+                    t.set_fontweight("bold")
+            ax.invert_yaxis()
+            ax.grid(axis="x", which="major", alpha=0.3)
+            r0 = next(x for x in records if x["case"] == case)
+            ax.set_title(f"{case}: {r0['fio_mib']} MiB over {r0['region_mib']} MiB of a "
+                         f"{r0['fsize_mib']} MiB disk - {label}", fontsize=9)
+    fig.suptitle("Full flush after 4 KiB random writes (log scale, shorter is better)", fontsize=12)
+    fig.legend(loc="lower center", ncol=len(models), fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.04, 1, 0.97))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def load(paths):
+    records, metas = [], []
+    for p in paths:
+        files = sorted(glob.glob(os.path.join(p, "*.json"))) if os.path.isdir(p) else [p]
+        for f in files:
+            if os.path.basename(f) == "results.json":
+                continue
+            with open(f) as fh:
+                d = json.load(fh)
+            metas.append(d.get("meta", {}))
+            records += d.get("records", [])
+    return records, metas
+
+
+def cmd_report(a):
+    records, metas = load(a.inputs)
+    if not records:
+        raise SystemExit("flushbench: no results found in " + " ".join(a.inputs))
+    add_ratios(records)
+    out_dir = a.out or (a.inputs[0] if os.path.isdir(a.inputs[0]) else os.path.dirname(a.inputs[0]))
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump({"meta": metas, "records": records}, f, indent=1)
+    with open(os.path.join(out_dir, "results.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in records:
+            w.writerow(r)
+    with open(os.path.join(out_dir, "tables.txt"), "w") as f:
+        print_tables(records, f)
+    with open(os.path.join(out_dir, "tables.md"), "w") as f:
+        print_tables(records, f, markdown=True)
+    print_tables(records, sys.stdout)
+    print(f"\nflushbench: {out_dir}/results.json, results.csv, tables.txt, tables.md")
+    if not a.no_chart:
+        png = a.chart or os.path.join(out_dir, "flush.png")
+        try:
+            chart(records, png)
+            print(f"flushbench: chart {png}")
+        except ImportError:
+            print("flushbench: matplotlib missing (apt-get install python3-matplotlib): no chart",
+                  file=sys.stderr)
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run the experiment (root, in the VM)")
+    r.add_argument("--out", default="results/experiment", help="directory for the JSON file")
+    r.add_argument("--tag", default="run", help="JSON file name (without .json)")
+    r.add_argument("--models", default="delay,hdd", help="slow-disk models: delay,hdd")
+    r.add_argument("--cases", default=DEFAULT_CASES,
+                   help="NAME:FSIZE:RSIZE:FIOSIZE[:REGION],... in MiB (default: %(default)s)")
+    r.add_argument("--systems", default="bare,tiercache,dm-writecache,dm-cache,bcache",
+                   help="bare, tiercache (one run per --tc-bridges value), bcache, dm-cache, dm-writecache")
+    r.add_argument("--tc-bridges", default="0,64", help="tiercache bridge_gap_kb values")
+    r.add_argument("--sparse-flush-depth", type=int, default=512,
+                   help="tiercache flush_depth for sparse cases (0 = module default)")
+    r.add_argument("--cache", default="ram", choices=["ram", "ssd"], help="cache device kind")
+    r.add_argument("--delay-ms", type=int, default=1000, help="dm-delay write delay")
+    r.add_argument("--read-delay-ms", type=int, default=0, help="dm-delay read delay")
+    r.add_argument("--slow-backing", default="ram", choices=["ram", "file"])
+    r.add_argument("--hdd-nsec", type=int, default=8000000, help="null_blk completion_nsec")
+    r.add_argument("--hdd-mbps", type=int, default=150, help="null_blk mbps (0 = no cap)")
+    r.add_argument("--hdd-depth", type=int, default=1, help="null_blk hw_queue_depth")
+    r.add_argument("--hdd-sched", default="mq-deadline")
+    r.add_argument("--hdd-max-kb", type=int, default=1024, help="null_blk max_sectors in KiB")
+    r.add_argument("--bcache-writeback-delay", type=int, default=None,
+                   help="bcache writeback_delay before attach (default: bcache's 30 s)")
+    r.add_argument("--seed", type=int, default=20240229, help="fio --randseed")
+    r.add_argument("--bare-runtime", type=int, default=10, help="seconds of fio on the bare slow disk")
+    r.add_argument("--fio-timeout", type=int, default=7200)
+    r.add_argument("--flush-timeout", type=int, default=3600)
+    r.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines")
+    r.add_argument("--no-check", dest="check", action="store_false",
+                   help="skip comparing the slow disk with the cached device after the flush")
+    p = sub.add_parser("report", help="tables, CSV and chart")
+    p.add_argument("inputs", nargs="+", help="result directories or JSON files")
+    p.add_argument("--out", help="output directory (default: the first input)")
+    p.add_argument("--chart", help="PNG path (default: OUT/flush.png)")
+    p.add_argument("--no-chart", action="store_true")
+    a = ap.parse_args()
+    return cmd_run(a) if a.cmd == "run" else cmd_report(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
