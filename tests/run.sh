@@ -155,17 +155,22 @@ esac
 [ "$use_kvm" = 1 ] || vng_args+=(--disable-kvm)
 echo "kvm: $([ "$use_kvm" = 1 ] && echo yes || echo 'no (TCG emulation)')"
 
-lock=()
+# One VM at a time on this machine (other users of the lock boot VMs too).
 if [ -n "$TC_VM_LOCK" ] && command -v flock >/dev/null; then
-	lock=(flock "$TC_VM_LOCK")
+	L0=$(date +%s)
+	exec 9>>"$TC_VM_LOCK"
+	flock 9
+	[ $(( $(date +%s) - L0 )) -gt 1 ] &&
+		echo "[run] waited $(fmt_t $(( $(date +%s) - L0 ))) for $TC_VM_LOCK"
 fi
 VM0=$(date +%s)
 set +e
-"${lock[@]}" timeout -k 30 "$TC_VM_TIMEOUT" vng "${vng_args[@]}" </dev/null 2>&1 |
+timeout -k 30 "$TC_VM_TIMEOUT" vng "${vng_args[@]}" </dev/null 9>&- 2>&1 |
 	tee "$RES/console.log"
 vm_rc=${PIPESTATUS[0]}
 set -e
 VM_T=$(( $(date +%s) - VM0 ))
+exec 9>&-
 echo "[run] VM exited with $vm_rc after $(fmt_t "$VM_T")"
 
 if [ -f "$RES/done" ]; then

@@ -25,10 +25,10 @@ def test_fio_with_flush_suspend_reload(stack):
            "--verify_state_save=0",
            "--verify=crc32c", "--verify_fatal=1", "--randseed=777",
            "--group_reporting"]
-    # paced (~20 s) so that the control operations overlap the IO.  Not with
+    # paced (~25 s) so that the control operations overlap the IO.  Not with
     # --rate: that changes fio's read/write choices, and --verify_only below
     # must replay the same sequence.
-    cmd = (["fio", "--eta=never", "--thinktime=150000", "--thinktime_blocks=8"]
+    cmd = (["fio", "--eta=never", "--thinktime=60000", "--thinktime_blocks=8"]
            + job + [f"--filename={tc.path}"])
     tclib.log("$ " + " ".join(cmd) + " &")
     fio = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
