@@ -42,8 +42,8 @@ def sh(cmd, check=True):
 
 def snapshot():
     """Everything a stack could leave behind."""
-    dm = sh("dmsetup ls 2>/dev/null | awk '{print $1}'", check=False).split()
-    dm = [] if dm == ["No", "devices", "found"] else sorted(dm)
+    out = sh("dmsetup ls 2>/dev/null", check=False)
+    dm = [] if "No devices found" in out else sorted(ln.split()[0] for ln in out.splitlines() if ln.strip())
     nullb = sorted(p.name for p in Path("/sys/kernel/config/nullb").glob("*")
                    if p.is_dir()) if Path("/sys/kernel/config/nullb").exists() else []
     return {
@@ -53,7 +53,8 @@ def snapshot():
         "brd": Path("/sys/module/brd").exists(),
         "bcache": sorted(p.name for p in Path("/sys/block").glob("bcache*")),
         "files": sorted(str(p) for p in Path("/dev/shm").glob("tcstack-*")),
-        "state": sorted(p.name for p in Path(STATE).glob("*")) if Path(STATE).exists() else [],
+        # stacks (the hidden lock file and RAM disk claims may stay)
+        "state": sorted(p.name for p in Path(STATE).glob("[!.]*")) if Path(STATE).exists() else [],
     }
 
 
@@ -156,7 +157,8 @@ BAD = [
     (["--slow-size", "abc"], r"invalid size 'abc'"),
     (["--slow-size", "1500K"], r"whole MiB"),
     (["--slow-size", "0"], r"at least 1 MiB"),
-    (["--cache-size", "2T"], r"larger than 1 TiB"),
+    (["--cache-size", "2048G"], r"larger than 1 TiB"),
+    (["--cache-size", "2T"], r"invalid size '2T'"),
     (["--slow-size", "100G"], r"do not fit in memory"),
     (["--system", "flashcache"], r"unknown system 'flashcache'"),
     (["--slow", "tape"], r"unknown slow disk model 'tape'"),
