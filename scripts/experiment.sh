@@ -131,6 +131,12 @@ mkdir -p "$OUT"
 if [ "${RESUME:-0}" != 1 ]; then
 	rm -f "$OUT"/*.json "$OUT"/*.rc "$OUT"/*.dmesg "$OUT"/*.log "$OUT"/*.tmp
 fi
+{
+	echo "date: $(date -Iseconds)"
+	echo "git: $(git -C "$REPO" describe --always --dirty 2>/dev/null || echo unknown)"
+	echo "module srcversion: $(modinfo -F srcversion "$REPO/dm-tiercache/dm-tiercache.ko" 2>/dev/null || echo none)"
+	echo "kernel: $KVER"
+} >>"$OUT/build.txt"
 vng_args=(--run "/boot/vmlinuz-$KVER" --force-9p --memory "$VM_MEMORY" --cpus "$VM_CPUS" --rwdir "$OUT")
 use_kvm=0
 case $KVM in

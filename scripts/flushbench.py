@@ -559,6 +559,10 @@ def cmd_run(a):
         save()
         return 130
     meta["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
+    try:
+        meta["tiercache_srcversion"] = read_file("/sys/module/dm_tiercache/srcversion")
+    except OSError:
+        pass
     save()
     log(f"flushbench: results in {out}")
     print_tables(records, sys.stdout)

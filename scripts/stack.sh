@@ -576,6 +576,7 @@ cmd_create() {
 	: >"$SD/resources"
 	: >"$SD/info"
 	trap create_rollback EXIT
+	trap 'exit 130' INT TERM HUP	# run the EXIT trap: roll back
 	info_add STACK "$NAME"
 	info_add SYSTEM "$SYSTEM"
 
