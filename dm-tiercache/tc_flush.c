@@ -18,8 +18,9 @@
  *          sent to the origin, and then the blocks are marked clean unless
  *          they were rewritten (their write sequence changed).
  *
- * Every block of a request stays locked until it is clean, so a write to it
- * waits, and an older copy never overwrites a newer one on the origin.  At
+ * Every block of a request stays locked until it is clean (in writeback
+ * mode: reads go on), so a write to it waits, and an older copy never
+ * overwrites a newer one on the origin.  At
  * most flush_depth requests are between gather and write completion.
  * Completions run in done_work; the engine itself only gathers and issues.
  */
@@ -124,7 +125,7 @@ static enum tc_blk_kind tc_gather_take(void *ctx, u64 b)
 	struct tc_wb_blk *blk = &g->req->blks[b - g->req->first];
 	struct tc_cache *c = g->c;
 
-	if (!tc_trylock(&c->locks, &blk->h, b))
+	if (!tc_trylock(&c->locks, &blk->h, b, TC_LK_WB))
 		return TC_BLK_BUSY;
 	blk->e = tc_lookup(c, b);
 	blk->dirty = blk->e && tc_is_dirty(c, b);

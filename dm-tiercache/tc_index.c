@@ -83,7 +83,7 @@ static bool tc_clock_try(struct tc_cache *c, struct tc_entry *e)
 		return false;
 	if (test_and_clear_bit(TC_E_REF, &e->flags))
 		return false;
-	if (!tc_trylock(&c->locks, &h, READ_ONCE(e->block)))
+	if (!tc_trylock(&c->locks, &h, READ_ONCE(e->block), TC_LK_EXCL))
 		return false;
 	/* under the block lock the entry is stable: is it still this one? */
 	if (tc_lookup(c, h.block) != e || tc_is_dirty(c, h.block)) {

@@ -1,9 +1,14 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * dm-tiercache: per-block exclusive locks.
+ * dm-tiercache: per-block locks, shared or exclusive.
  *
  * A holder (embedded in the per-bio data of a bio, or in a writeback
- * request) owns one origin block.  Holders sit in a hashed table of buckets,
+ * request) holds one origin block in one of three modes:
+ *   read:       read hits; shared with reads and writeback;
+ *   writeback:  a writeback request, which only reads the block: shared
+ *               with reads, but one request at a time;
+ *   exclusive:  anything that changes the block's data or its slot:
+ *               writes, promotions, eviction, discard.  Holders sit in a hashed table of buckets,
  * each with its own spinlock, so unrelated blocks never contend.  A bio
  * that finds its block held is parked on the bucket and handed back to the
  * owner's requeue callback when any holder of the bucket goes away; callers
@@ -49,27 +54,37 @@ void tc_locks_exit(struct tc_locks *l)
 	l->buckets = NULL;
 }
 
-static bool tc_bucket_holds(struct tc_lock_bucket *b, u64 block)
+static bool tc_modes_conflict(enum tc_lock_mode a, enum tc_lock_mode b)
+{
+	return a == TC_LK_EXCL || b == TC_LK_EXCL ||
+	       (a == TC_LK_WB && b == TC_LK_WB);
+}
+
+/* Does a holder of @block in @b conflict with a new one in @mode? */
+static bool tc_bucket_conflicts(struct tc_lock_bucket *b, u64 block,
+				enum tc_lock_mode mode)
 {
 	struct tc_holder *h;
 
 	hlist_for_each_entry(h, &b->held, node)
-		if (h->block == block)
+		if (h->block == block && tc_modes_conflict(h->mode, mode))
 			return true;
 	return false;
 }
 
-/* Take @block for @h if nobody holds it; @bio (if any) waits otherwise. */
+/* Take @block for @h if nothing conflicts; @bio (if any) waits otherwise. */
 static bool tc_lock_bucket_try(struct tc_locks *l, struct tc_holder *h,
-			       u64 block, struct bio *bio)
+			       u64 block, enum tc_lock_mode mode,
+			       struct bio *bio)
 {
 	struct tc_lock_bucket *b = tc_bucket(l, block);
 	unsigned long flags;
 	bool taken = false;
 
 	spin_lock_irqsave(&b->lock, flags);
-	if (!tc_bucket_holds(b, block)) {
+	if (!tc_bucket_conflicts(b, block, mode)) {
 		h->block = block;
+		h->mode = mode;
 		hlist_add_head(&h->node, &b->held);
 		taken = true;
 	} else if (bio) {
@@ -79,9 +94,10 @@ static bool tc_lock_bucket_try(struct tc_locks *l, struct tc_holder *h,
 	return taken;
 }
 
-bool tc_trylock(struct tc_locks *l, struct tc_holder *h, u64 block)
+bool tc_trylock(struct tc_locks *l, struct tc_holder *h, u64 block,
+		enum tc_lock_mode mode)
 {
-	return tc_lock_bucket_try(l, h, block, NULL);
+	return tc_lock_bucket_try(l, h, block, mode, NULL);
 }
 
 /*
@@ -89,15 +105,15 @@ bool tc_trylock(struct tc_locks *l, struct tc_holder *h, u64 block)
  * Returns false if the bio was parked: it now belongs to the lock table.
  */
 bool tc_lock_or_defer(struct tc_locks *l, struct tc_holder *h, u64 block,
-		      struct bio *bio)
+		      enum tc_lock_mode mode, struct bio *bio)
 {
-	return tc_lock_bucket_try(l, h, block, bio);
+	return tc_lock_bucket_try(l, h, block, mode, bio);
 }
 
-/* Take @block for @h, sleeping while somebody else holds it. */
+/* Take @block for @h exclusively, sleeping while somebody else holds it. */
 void tc_lock_wait(struct tc_locks *l, struct tc_holder *h, u64 block)
 {
-	wait_event(l->wait, tc_trylock(l, h, block));
+	wait_event(l->wait, tc_trylock(l, h, block, TC_LK_EXCL));
 }
 
 void tc_unlock(struct tc_locks *l, struct tc_holder *h)

@@ -73,7 +73,9 @@ static enum tc_action tc_read(struct tc_cache *c, struct bio *bio,
 		return TC_TO_CACHE;
 	}
 	atomic64_inc(&c->stats.read_misses);
-	if (tc_whole_block(c, bio) && !tc_alloc_slot(c, &pb->slot)) {
+	/* promotion fills a slot: only under an exclusive lock */
+	if (pb->holder.mode == TC_LK_EXCL && tc_whole_block(c, bio) &&
+	    !tc_alloc_slot(c, &pb->slot)) {
 		pb->stage = TC_ST_PROMOTE;
 		return TC_CONTINUE;
 	}
@@ -132,6 +134,20 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 	return TC_TO_ORIGIN;
 }
 
+/*
+ * Reads share their block's lock when they will not fill a slot: in
+ * passthrough mode, and when the block is cached (a hint taken before
+ * locking; a read that then finds it gone goes to the origin).
+ */
+static enum tc_lock_mode tc_bio_lock_mode(struct tc_cache *c, struct bio *bio,
+					  u64 block)
+{
+	if (bio_data_dir(bio) == READ &&
+	    (c->mode == TC_MODE_PASSTHROUGH || tc_lookup(c, block)))
+		return TC_LK_READ;
+	return TC_LK_EXCL;
+}
+
 /* Lock the bio's block and send it on.  Returns a DM_MAPIO_* value. */
 static int tc_map_rw(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 {
@@ -143,7 +159,8 @@ static int tc_map_rw(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 		bio_set_dev(bio, c->origin_bdev);
 		return DM_MAPIO_REMAPPED;
 	}
-	if (!tc_lock_or_defer(&c->locks, &pb->holder, block, bio))
+	if (!tc_lock_or_defer(&c->locks, &pb->holder, block,
+			      tc_bio_lock_mode(c, bio, block), bio))
 		return DM_MAPIO_SUBMITTED;
 	pb->locked = true;
 
@@ -354,17 +371,23 @@ static void tc_process(struct tc_cache *c, struct bio *bio)
 	}
 }
 
+/* Take every bio queued on @list (one of the cache's deferred lists). */
+static void tc_take_bios(struct tc_cache *c, struct bio_list *list,
+			 struct bio_list *bios)
+{
+	spin_lock_irq(&c->defer_lock);
+	*bios = *list;
+	bio_list_init(list);
+	spin_unlock_irq(&c->defer_lock);
+}
+
 void tc_io_work(struct work_struct *w)
 {
 	struct tc_cache *c = container_of(w, struct tc_cache, io_work);
 	struct bio_list bios;
 	struct bio *bio;
 
-	spin_lock_irq(&c->defer_lock);
-	bios = c->deferred;
-	bio_list_init(&c->deferred);
-	spin_unlock_irq(&c->defer_lock);
-
+	tc_take_bios(c, &c->deferred, &bios);
 	while ((bio = bio_list_pop(&bios))) {
 		tc_process(c, bio);
 		cond_resched();
@@ -407,11 +430,7 @@ void tc_discard_work(struct work_struct *w)
 	struct bio_list bios;
 	struct bio *bio;
 
-	spin_lock_irq(&c->defer_lock);
-	bios = c->discards;
-	bio_list_init(&c->discards);
-	spin_unlock_irq(&c->defer_lock);
-
+	tc_take_bios(c, &c->discards, &bios);
 	while ((bio = bio_list_pop(&bios)))
 		tc_discard(c, bio);
 }

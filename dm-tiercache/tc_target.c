@@ -30,25 +30,25 @@ static void tc_dtr(struct dm_target *ti)
 	ti->private = NULL;
 }
 
+static int tc_get_dev(struct dm_target *ti, const char *path,
+		      const char *what, struct dm_dev **dev)
+{
+	int r = dm_get_device(ti, path, dm_table_get_mode(ti->table), dev);
+
+	if (r)
+		DMERR("Cannot open the %s device %s: %d", what, path, r);
+	return r;
+}
+
 static int tc_get_devices(struct dm_target *ti, struct tc_target *t)
 {
-	int r;
-
-	r = dm_get_device(ti, t->args.origin_path, dm_table_get_mode(ti->table),
-			  &t->origin);
-	if (r) {
+	if (tc_get_dev(ti, t->args.origin_path, "origin", &t->origin)) {
 		ti->error = "Cannot open the origin device";
-		DMERR("Cannot open the origin device %s: %d",
-		      t->args.origin_path, r);
-		return r;
+		return -EINVAL;
 	}
-	r = dm_get_device(ti, t->args.cache_path, dm_table_get_mode(ti->table),
-			  &t->cache_dev);
-	if (r) {
+	if (tc_get_dev(ti, t->args.cache_path, "cache", &t->cache_dev)) {
 		ti->error = "Cannot open the cache device";
-		DMERR("Cannot open the cache device %s: %d",
-		      t->args.cache_path, r);
-		return r;
+		return -EINVAL;
 	}
 	if (t->origin->bdev->bd_dev == t->cache_dev->bdev->bd_dev) {
 		ti->error = "The origin and the cache must be different devices";

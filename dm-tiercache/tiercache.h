@@ -71,11 +71,18 @@ const char *tc_mode_name(enum tc_mode m);
 void tc_args_emit(const struct tc_args *a, char *result, unsigned int maxlen,
 		  unsigned int *sz);
 
-/* ---- tc_lock.c: per-block exclusive locks ---- */
+/* ---- tc_lock.c: per-block locks, shared or exclusive ---- */
+
+enum tc_lock_mode {
+	TC_LK_READ,		/* shared with reads and writeback */
+	TC_LK_WB,		/* shared with reads, one writeback at a time */
+	TC_LK_EXCL,
+};
 
 struct tc_holder {
 	struct hlist_node node;
 	u64 block;
+	enum tc_lock_mode mode;
 };
 
 struct tc_lock_bucket {
@@ -95,9 +102,10 @@ struct tc_locks {
 int tc_locks_init(struct tc_locks *l, unsigned int nr_buckets,
 		  void (*requeue)(void *ctx, struct bio_list *bios), void *ctx);
 void tc_locks_exit(struct tc_locks *l);
-bool tc_trylock(struct tc_locks *l, struct tc_holder *h, u64 block);
+bool tc_trylock(struct tc_locks *l, struct tc_holder *h, u64 block,
+		enum tc_lock_mode mode);
 bool tc_lock_or_defer(struct tc_locks *l, struct tc_holder *h, u64 block,
-		      struct bio *bio);
+		      enum tc_lock_mode mode, struct bio *bio);
 void tc_lock_wait(struct tc_locks *l, struct tc_holder *h, u64 block);
 void tc_unlock(struct tc_locks *l, struct tc_holder *h);
 
