@@ -554,7 +554,7 @@ static bool tc_wb_end_pass(struct tc_cache *c)
 	bool skipped, issued;
 	int err;
 
-	wait_event(fl->wait, !atomic_read(&fl->outstanding));
+	wait_event_idle(fl->wait, !atomic_read(&fl->outstanding));
 	skipped = fl->pass_skipped;
 	issued = fl->pass_issued;
 	err = fl->pass_error;
@@ -659,7 +659,7 @@ void tc_flush_stop(struct tc_cache *c)
 
 	set_bit(TC_FL_STOPPED, &fl->bits);
 	cancel_work_sync(&fl->work);
-	wait_event(fl->wait, !atomic_read(&fl->outstanding));
+	wait_event_idle(fl->wait, !atomic_read(&fl->outstanding));
 	flush_work(&fl->done_work);
 }
 
@@ -675,7 +675,7 @@ int tc_flush_sync(struct tc_cache *c)
 	struct tc_flush *fl = &c->fl;
 
 	tc_flush_start_full(c);
-	wait_event(fl->wait, !test_bit(TC_FL_FULL_REQ, &fl->bits) &&
+	wait_event_idle(fl->wait, !test_bit(TC_FL_FULL_REQ, &fl->bits) &&
 			     !test_bit(TC_FL_FULL, &fl->bits));
 	return fl->error;
 }

@@ -113,7 +113,7 @@ bool tc_lock_or_defer(struct tc_locks *l, struct tc_holder *h, u64 block,
 /* Take @block for @h exclusively, sleeping while somebody else holds it. */
 void tc_lock_wait(struct tc_locks *l, struct tc_holder *h, u64 block)
 {
-	wait_event(l->wait, tc_trylock(l, h, block, TC_LK_EXCL));
+	wait_event_idle(l->wait, tc_trylock(l, h, block, TC_LK_EXCL));
 }
 
 void tc_unlock(struct tc_locks *l, struct tc_holder *h)
