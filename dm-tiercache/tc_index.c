@@ -8,9 +8,13 @@
  * Changes to the entry of a block are made by the holder of that block's
  * lock (tc_lock.c), so an entry a holder looks up cannot change under it.
  *
- * Free slots are a stack; when it is empty a CLOCK hand reclaims a clean
- * slot that has not been referenced since its last pass.  Dirty slots and
- * slots whose block is locked are never reclaimed.
+ * Free slots are a bitmap.  A block goes to the slot after its origin
+ * predecessor's, else to its home slot (block mod slots), else to any free
+ * slot: origin neighbours then tend to be cache neighbours, and writeback
+ * reads a whole request with few bios (merging never depends on it).  When
+ * no slot is free a CLOCK hand reclaims a clean slot that has not been
+ * referenced since its last pass.  Dirty slots and slots whose block is
+ * locked are never reclaimed.
  */
 #include <linux/slab.h>
 #include <linux/vmalloc.h>
@@ -22,19 +26,15 @@
 
 int tc_index_init(struct tc_cache *c)
 {
-	u32 i;
-
 	xa_init(&c->index);
 	c->entries = vcalloc(c->nr_slots, sizeof(*c->entries));
-	c->free_stack = vmalloc_array(c->nr_slots, sizeof(*c->free_stack));
-	if (!c->entries || !c->free_stack) {
+	c->used_map = vcalloc(BITS_TO_LONGS(c->nr_slots), sizeof(long));
+	if (!c->entries || !c->used_map) {
 		tc_index_exit(c);
 		return -ENOMEM;
 	}
-	/* pop order: slot 0 first */
-	for (i = 0; i < c->nr_slots; i++)
-		c->free_stack[i] = c->nr_slots - 1 - i;
 	c->nr_free = c->nr_slots;
+	c->free_hint = 0;
 	c->clock_hand = 0;
 	spin_lock_init(&c->alloc_lock);
 	atomic_set(&c->nr_dirty, 0);
@@ -45,9 +45,9 @@ int tc_index_init(struct tc_cache *c)
 void tc_index_exit(struct tc_cache *c)
 {
 	xa_destroy(&c->index);
-	vfree(c->free_stack);
+	vfree(c->used_map);
 	vfree(c->entries);
-	c->free_stack = NULL;
+	c->used_map = NULL;
 	c->entries = NULL;
 }
 
@@ -114,14 +114,45 @@ static int tc_clock_reclaim(struct tc_cache *c, u32 *slot)
 	return -ENOSPC;
 }
 
-/* A slot to fill: a free one, else a reclaimed clean one. */
-int tc_alloc_slot(struct tc_cache *c, u32 *slot)
+static bool tc_take_free(struct tc_cache *c, u32 slot)
+{
+	if (slot >= c->nr_slots || test_bit(slot, c->used_map))
+		return false;
+	__set_bit(slot, c->used_map);
+	c->nr_free--;
+	return true;
+}
+
+/* The free slot for @block that keeps origin neighbours together. */
+static u32 tc_pick_free(struct tc_cache *c, u64 block)
+{
+	struct tc_entry *prev = block ? tc_lookup(c, block - 1) : NULL;
+	u32 home, slot;
+
+	if (prev) {
+		slot = tc_slot_of(c, prev) + 1;
+		if (tc_take_free(c, slot))
+			return slot;
+	}
+	div_u64_rem(block, c->nr_slots, &home);
+	if (tc_take_free(c, home))
+		return home;
+	slot = find_next_zero_bit(c->used_map, c->nr_slots, c->free_hint);
+	if (slot >= c->nr_slots)
+		slot = find_first_zero_bit(c->used_map, c->nr_slots);
+	tc_take_free(c, slot);
+	c->free_hint = slot + 1;
+	return slot;
+}
+
+/* A slot to fill with @block: a free one, else a reclaimed clean one. */
+int tc_alloc_slot(struct tc_cache *c, u64 block, u32 *slot)
 {
 	int r = 0;
 
 	spin_lock(&c->alloc_lock);
 	if (c->nr_free)
-		*slot = c->free_stack[--c->nr_free];
+		*slot = tc_pick_free(c, block);
 	else
 		r = tc_clock_reclaim(c, slot);
 	spin_unlock(&c->alloc_lock);
@@ -131,7 +162,8 @@ int tc_alloc_slot(struct tc_cache *c, u32 *slot)
 void tc_free_slot(struct tc_cache *c, u32 slot)
 {
 	spin_lock(&c->alloc_lock);
-	c->free_stack[c->nr_free++] = slot;
+	__clear_bit(slot, c->used_map);
+	c->nr_free++;
 	spin_unlock(&c->alloc_lock);
 }
 

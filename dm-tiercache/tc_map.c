@@ -75,7 +75,7 @@ static enum tc_action tc_read(struct tc_cache *c, struct bio *bio,
 	atomic64_inc(&c->stats.read_misses);
 	/* promotion fills a slot: only under an exclusive lock */
 	if (pb->holder.mode == TC_LK_EXCL && tc_whole_block(c, bio) &&
-	    !tc_alloc_slot(c, &pb->slot)) {
+	    !tc_alloc_slot(c, block, &pb->slot)) {
 		pb->stage = TC_ST_PROMOTE;
 		return TC_CONTINUE;
 	}
@@ -90,7 +90,7 @@ static bool tc_writes_dirty(struct tc_cache *c)
 /* A full-block write miss in writeback mode: give it a fresh dirty slot. */
 static bool tc_write_allocate(struct tc_cache *c, struct tc_bio *pb, u64 block)
 {
-	if (tc_alloc_slot(c, &pb->slot))
+	if (tc_alloc_slot(c, block, &pb->slot))
 		return false;
 	if (tc_insert(c, pb->slot, block, true, GFP_NOWAIT)) {
 		tc_free_slot(c, pb->slot);

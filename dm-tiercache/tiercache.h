@@ -187,9 +187,10 @@ struct tc_cache {
 	/* index */
 	struct tc_entry *entries;	/* one per slot */
 	struct xarray index;		/* origin block -> entry */
-	spinlock_t alloc_lock;		/* free stack and CLOCK hand */
-	u32 *free_stack;
+	spinlock_t alloc_lock;		/* slot bitmap and CLOCK hand */
+	unsigned long *used_map;	/* bit per slot: holds a block */
 	u32 nr_free;
+	u32 free_hint;
 	u32 clock_hand;
 	atomic_t nr_dirty;
 	atomic64_t write_seq;
@@ -270,7 +271,7 @@ int tc_index_init(struct tc_cache *c);
 void tc_index_exit(struct tc_cache *c);
 struct tc_entry *tc_lookup(struct tc_cache *c, u64 block);
 bool tc_is_dirty(struct tc_cache *c, u64 block);
-int tc_alloc_slot(struct tc_cache *c, u32 *slot);
+int tc_alloc_slot(struct tc_cache *c, u64 block, u32 *slot);
 void tc_free_slot(struct tc_cache *c, u32 slot);
 int tc_insert(struct tc_cache *c, u32 slot, u64 block, bool dirty, gfp_t gfp);
 void tc_remove(struct tc_cache *c, struct tc_entry *e);
