@@ -20,6 +20,7 @@
 #   TC_KVM=auto|0|1   use /dev/kvm if usable (auto), never, always
 #   TC_VM_TIMEOUT=3300  seconds for the whole VM run; TC_PYTEST_TIMEOUT=2700
 #   TC_VM_LOCK=/tmp/tiercache-vm.lock  serialise VM boots (empty: no lock)
+#   TC_KO=path        module to test (default dm-tiercache/dm-tiercache.ko)
 set -euo pipefail
 
 # The body is one function, parsed whole before it runs: editing this file
@@ -137,7 +138,7 @@ hdr "VM tests (kernel $KVER)"
 {
 	printf 'TESTS=%q\n' "$TESTS"
 	printf 'PYTEST_TIMEOUT=%q\n' "$TC_PYTEST_TIMEOUT"
-	printf 'KO=%q\n' "$REPO/dm-tiercache/dm-tiercache.ko"
+	printf 'KO=%q\n' "${TC_KO:-$REPO/dm-tiercache/dm-tiercache.ko}"
 } >"$RES/env.sh"
 
 vng_args=(--run "/boot/vmlinuz-$KVER" --force-9p --memory "$TC_MEMORY" --cpus "$TC_CPUS"
@@ -256,4 +257,4 @@ echo "$((PY_PASS + c_pass)) passed, $((PY_FAIL + c_fail)) failed"
 [ "$c_fail" -eq 0 ] && [ "$PY_FAIL" -eq 0 ] && [ "$PY_PASS" -gt 0 ]
 }
 
-main "$@"
+main "$@"; exit $?   # exit on this line: nothing after it is ever read

@@ -39,7 +39,7 @@ for m in dm-mod dm-delay dm-flakey; do
 	modprobe "$m" 2>/dev/null || say "modprobe $m failed (may be built in)"
 done
 modprobe null_blk nr_devices=0 || say "modprobe null_blk failed"
-# no udev/systemd in the guest: nothing loads loop on demand (losetup needs
+# nothing in the guest (no systemd, no kmod static-nodes) loads loop on demand (losetup needs
 # /dev/loop-control)
 modprobe loop 2>/dev/null || say "modprobe loop failed"
 if [ -f "$KO" ]; then

@@ -27,9 +27,9 @@ MODNAME = "dm_tiercache"
 TARGET = "tiercache"
 
 SECTOR = 512
-# The kernel reads a new disk's first and last blocks (partition scan) as
-# soon as it exists, so those blocks may already be cached (clean) when a
-# test starts.  Tests that count hits/misses stay this far from both ends.
+# A new disk is probed (udev's blkid, partition scan) as soon as it exists:
+# its first and last blocks may already be cached (clean) when a test
+# starts.  Tests that count hits/misses stay this far from both ends.
 SCAN_MARGIN = 4 * 1024 * 1024
 KiB = 1024
 MiB = 1024 * 1024
@@ -602,6 +602,11 @@ class TierCache(DmDevice):
     def status(self):
         return parse_status(self.status_line())
 
+    def resume(self):
+        super().resume()
+        # a resume raises a uevent: udev (if running) probes the device
+        settle(self.path, quiet_s=0.3)
+
     def wait_idle(self, timeout=120, want_clean=True):
         """Poll until flush_state is idle (and dirty == 0 if want_clean)."""
         deadline = time.monotonic() + timeout
@@ -802,8 +807,12 @@ class Stack:
                   length=None):
         ensure_module()
         table = TierCache.make_table(origin, cache, block, mode, keys, length)
-        return self.dm(name or self._name("cache"), table, cls=TierCache,
-                       origin=origin, cache=cache)
+        tc = self.dm(name or self._name("cache"), table, cls=TierCache,
+                     origin=origin, cache=cache)
+        # udev (virtme-ng starts it when present) probes a new disk
+        # asynchronously: let those reads finish before the test counts
+        settle(tc.path, quiet_s=0.3)
+        return tc
 
 
 def seeded_origin(path, seed=1, size=None):

@@ -34,9 +34,9 @@ def test_module_load_unload(stack):
 
 @pytest.mark.parametrize("mode", [None, "writeback", "writethrough", "passthrough"])
 def test_status_fresh_device(stack, mode):
-    """A new device: documented fields, nothing written, nothing dirty.  The
-    kernel reads a new disk (partition scan) as soon as it exists, so read
-    counters must only match the reads the dm device itself completed."""
+    """A new device: documented fields, nothing written, nothing dirty.  udev
+    probes a new disk as soon as it exists, so read counters must only
+    match the reads the dm device itself completed."""
     origin = stack.slow(32 * MiB)
     cache = stack.ram(8 * MiB)
     tc = stack.tiercache(origin.path, cache, 8, mode)
