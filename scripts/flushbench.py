@@ -454,7 +454,7 @@ def run_one(a, model, case, system):
             io = min(io, region)
             rec["note"] = f"region capped to the {top_bytes} byte device"
         s0 = disk_stat(slow_k)
-        log(f"{tag} fio {io >> 20} MiB of 4 KiB random writes over {region / 1048576:g} MiB")
+        log(f"{tag} fio {io / 1048576:g} MiB of 4 KiB random writes over {region / 1048576:g} MiB")
         rec.update(run_fio(top, region, io, a, a.bare_runtime if kind == "none" else None,
                            prog, slow_k))
         s1 = disk_stat(slow_k)
@@ -576,7 +576,7 @@ def fmt(v, spec):
     if v is None:
         return "-"
     if spec == "int":
-        return f"{int(v)}"
+        return f"{round(v)}"
     if spec == "s":
         return f"{v:.2f}" if v < 100 else f"{v:.0f}"
     if spec == "x":
