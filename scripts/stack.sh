@@ -174,6 +174,7 @@ brd_acquire() {
 		fi
 		tc_modprobe brd rd_nr="$count" rd_size=$((size * 1024)) max_part=0
 		: >"$BRD_DIR/loaded"
+		res_add brdload -	# unload again if this create fails early
 		for i in $(seq 0 $((count - 1))); do
 			tc_wait_block "ram$i" || tc_die "/dev/ram$i did not appear after loading brd"
 		done
@@ -189,7 +190,7 @@ brd_acquire() {
 
 brd_release() {
 	local k=$1 owner
-	if owner=$(brd_claim_owner "$k") && [ "$owner" = "$NAME" ]; then
+	if [ -n "$k" ] && owner=$(brd_claim_owner "$k") && [ "$owner" = "$NAME" ]; then
 		rm -f "$BRD_DIR/$k"
 	fi
 	# Unload brd (frees its memory) if we loaded it and nobody uses it.
@@ -328,6 +329,7 @@ teardown() {	# teardown NAME: remove the resources of a stack, newest first
 			file) rm -f "$a" ;;
 			nullb) nullb_remove "$a" || failed+=("$line") ;;
 			brdclaim) brd_release "$a" ;;
+			brdload) brd_release "" ;;
 			*) tc_warn "unknown resource '$line' in $sd/resources" ;;
 			esac
 		done 3< <(tac "$sd/resources")
