@@ -51,7 +51,7 @@ trap cleanup EXIT
 
 modprobe dm-delay
 modprobe brd rd_nr=2 rd_size=$((CACHE_MIB * 1024))
-grep -q dm_tiercache /proc/modules || insmod "$REPO/dm-tiercache/dm-tiercache.ko"
+grep -q dm_tiercache /proc/modules || insmod "${TIERCACHE_KO:-$REPO/dm-tiercache/dm-tiercache.ko}"
 slow_sz=$((SLOW_MIB * 2048))
 dmsetup create fg-slow --table "0 $slow_sz delay /dev/ram0 0 0 /dev/ram0 0 $DELAYMS"
 dmsetup create fg-tc --table \
