@@ -602,10 +602,6 @@ class TierCache(DmDevice):
     def status(self):
         return parse_status(self.status_line())
 
-    def resume(self):
-        super().resume()
-        # a resume raises a uevent: udev (if running) probes the device
-        settle(self.path, quiet_s=0.3)
 
     def wait_idle(self, timeout=120, want_clean=True):
         """Poll until flush_state is idle (and dirty == 0 if want_clean)."""

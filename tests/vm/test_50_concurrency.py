@@ -87,11 +87,12 @@ def test_reload_keeps_cached_and_dirty_blocks(stack):
             wl.write_direct(b * 4096, 4096)
         for b in range(1, 400, 4):
             wl.read_check(b * 4096, 4096, direct=True)
-    time.sleep(0.5)
+    tclib.settle(tc.path)
     st0 = tc.status()
     assert st0["dirty"] == 200, st0["raw"]
     table = tc.table_line()
     tc.reload(table)
+    tclib.settle(tc.path)
     st = tc.status()
     assert (st["dirty"], st["used"]) == (st0["dirty"], st0["used"]), \
         f"reload lost state: {st0['raw']} -> {st['raw']}"
