@@ -58,7 +58,8 @@ static int tc_cache_setup(struct tc_cache *c)
 	INIT_WORK(&c->discard_work, tc_discard_work);
 	mutex_init(&c->ctl_lock);
 	tc_flush_init(c);
-	c->wq = alloc_workqueue("tiercache-%s", WQ_MEM_RECLAIM, 0, c->name);
+	c->wq = alloc_workqueue("tiercache-%s", WQ_MEM_RECLAIM | WQ_UNBOUND, 0,
+				c->name);
 	return c->wq ? 0 : -ENOMEM;
 }
 

@@ -18,9 +18,14 @@
  *          sent to the origin, and then the blocks are marked clean unless
  *          they were rewritten (their write sequence changed).
  *
- * Every block of a request stays locked until it is clean (in writeback
- * mode: reads go on), so a write to it waits, and an older copy never
- * overwrites a newer one on the origin.  At
+ * A request locks its blocks in writeback mode (reads go on).  A dirty
+ * block is let go as soon as its data is in the buffer: a write to it then
+ * proceeds, changes its write sequence and so keeps it dirty.  Its entry
+ * carries TC_E_WB until the request is done, so no other request takes it
+ * and a discard waits (a discarded block written around the cache must
+ * not be overtaken by this older copy).  Hole blocks stay locked until the
+ * write completes, so nothing written around the cache meanwhile is
+ * overwritten by the filler.  At
  * most flush_depth requests are between gather and write completion.
  * Completions run in done_work; the engine itself only gathers and issues.
  */
@@ -41,6 +46,7 @@ struct tc_wb_blk {
 	struct tc_entry *e;		/* NULL: not cached, read the origin */
 	u64 seq;			/* write sequence taken (dirty blocks) */
 	bool dirty;
+	bool held;			/* h is in the lock table */
 };
 
 struct tc_wb_req {
@@ -127,10 +133,17 @@ static enum tc_blk_kind tc_gather_take(void *ctx, u64 b)
 
 	if (!tc_trylock(&c->locks, &blk->h, b, TC_LK_WB))
 		return TC_BLK_BUSY;
+	blk->held = true;
 	blk->e = tc_lookup(c, b);
 	blk->dirty = blk->e && tc_is_dirty(c, b);
 	if (!blk->dirty)
 		return TC_BLK_HOLE;
+	if (test_and_set_bit(TC_E_WB, &blk->e->flags)) {
+		/* still being written by an earlier request */
+		tc_unlock(&c->locks, &blk->h);
+		blk->held = false;
+		return TC_BLK_BUSY;
+	}
 	blk->seq = blk->e->seq;
 	return TC_BLK_DIRTY;
 }
@@ -138,8 +151,12 @@ static enum tc_blk_kind tc_gather_take(void *ctx, u64 b)
 static void tc_gather_give_back(void *ctx, u64 b)
 {
 	struct tc_gather *g = ctx;
+	struct tc_wb_blk *blk = &g->req->blks[b - g->req->first];
 
-	tc_unlock(&g->c->locks, &g->req->blks[b - g->req->first].h);
+	if (blk->dirty)
+		clear_bit(TC_E_WB, &blk->e->flags);
+	tc_unlock(&g->c->locks, &blk->h);
+	blk->held = false;
 }
 
 static u64 tc_gather_next_dirty(void *ctx, u64 from, u64 to)
@@ -350,9 +367,27 @@ static void tc_wb_begin_read(struct tc_cache *c, struct tc_wb_req *req)
 
 /* ---- stage 2: one write to the origin ---- */
 
+/* Let go of the locks of @req's dirty blocks (@dirty) or holes. */
+static void tc_wb_unlock(struct tc_cache *c, struct tc_wb_req *req, bool dirty)
+{
+	u32 i;
+
+	for (i = 0; i < req->nr; i++) {
+		struct tc_wb_blk *blk = &req->blks[i];
+
+		if (blk->held && blk->dirty == dirty) {
+			tc_unlock(&c->locks, &blk->h);
+			blk->held = false;
+		}
+	}
+}
+
 static void tc_wb_write(struct tc_cache *c, struct tc_wb_req *req)
 {
 	size_t bytes = (size_t)req->nr * tc_block_bytes(c);
+
+	/* the dirty blocks' data is in the buffer: writes to them may go on */
+	tc_wb_unlock(c, req, true);
 
 	req->stage = TC_WB_WRITE;
 	atomic_set(&req->pending, 1);
@@ -366,19 +401,42 @@ static void tc_wb_write(struct tc_cache *c, struct tc_wb_req *req)
 
 /* ---- stage 3: origin flush, then clean ---- */
 
+/*
+ * A written dirty block is clean unless it was rewritten: checked under its
+ * lock, so no write changes it meanwhile, and TC_E_WB is cleared before the
+ * lock goes (a clean unlocked block may be evicted and its entry reused).
+ * A block that stays dirty keeps its entry: eviction skips it and a discard
+ * waits for TC_E_WB.  A block whose lock is busy is being written: it
+ * stays dirty.
+ */
+static void tc_wb_finish_blk(struct tc_cache *c, struct tc_wb_req *req, u32 i,
+			     bool written)
+{
+	struct tc_wb_blk *blk = &req->blks[i];
+
+	if (written && tc_trylock(&c->locks, &blk->h, req->first + i,
+				  TC_LK_WB)) {
+		tc_mark_clean(c, blk->e, req->first + i, blk->seq);
+		clear_bit(TC_E_WB, &blk->e->flags);
+		tc_unlock(&c->locks, &blk->h);
+		return;
+	}
+	clear_bit(TC_E_WB, &blk->e->flags);
+}
+
 static void tc_wb_release(struct tc_cache *c, struct tc_wb_req *req,
 			  bool written)
 {
 	struct tc_flush *fl = &c->fl;
 	u32 i;
 
-	for (i = 0; i < req->nr; i++) {
-		struct tc_wb_blk *blk = &req->blks[i];
-
-		if (written && blk->dirty)
-			tc_mark_clean(c, blk->e, req->first + i, blk->seq);
-		tc_unlock(&c->locks, &blk->h);
-	}
+	tc_wb_unlock(c, req, true);
+	tc_wb_unlock(c, req, false);
+	for (i = 0; i < req->nr; i++)
+		if (req->blks[i].dirty)
+			tc_wb_finish_blk(c, req, i, written);
+	if (wq_has_sleeper(&c->locks.wait))
+		wake_up(&c->locks.wait);
 	tc_wb_free(req);
 	if (atomic_dec_and_test(&fl->outstanding))
 		wake_up_all(&fl->wait);
@@ -436,6 +494,8 @@ static void tc_wb_write_done(struct tc_cache *c, struct tc_wb_req *req)
 
 	tc_buf_free(&req->buf);
 	atomic_dec(&fl->inflight);
+	/* the filler is on the origin: writes around the cache may go on */
+	tc_wb_unlock(c, req, false);
 	if (req->status) {
 		tc_flush_latch(c, blk_status_to_errno(req->status));
 		tc_wb_release(c, req, false);
@@ -596,8 +656,10 @@ static void tc_flush_work(struct work_struct *w)
 		    READ_ONCE(c->val[TC_KEY_FLUSH_DEPTH]))
 			return;		/* a write completion requeues us */
 		req = tc_wb_gather(c);
-		if (IS_ERR(req))
+		if (IS_ERR(req)) {
+			cond_resched();
 			continue;
+		}
 		if (!req) {
 			if (!tc_wb_end_pass(c))
 				return;

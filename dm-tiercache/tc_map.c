@@ -394,6 +394,29 @@ void tc_io_work(struct work_struct *w)
 	}
 }
 
+/*
+ * Drop the cached copy of @block.  A block in a writeback request waits for
+ * it: once dropped, a write around the cache must not be overtaken by the
+ * request's older copy.
+ */
+static void tc_discard_block(struct tc_cache *c, u64 block)
+{
+	struct tc_holder h;
+	struct tc_entry *e;
+
+	for (;;) {
+		tc_lock_wait(&c->locks, &h, block);
+		e = tc_lookup(c, block);
+		if (!e || !test_bit(TC_E_WB, &e->flags))
+			break;
+		tc_unlock(&c->locks, &h);
+		wait_event_idle(c->locks.wait, !test_bit(TC_E_WB, &e->flags));
+	}
+	if (e)
+		tc_remove(c, e);
+	tc_unlock(&c->locks, &h);
+}
+
 /* Drop every cached copy wholly inside the discard, then pass it down. */
 static void tc_discard(struct tc_cache *c, struct bio *bio)
 {
@@ -406,13 +429,7 @@ static void tc_discard(struct tc_cache *c, struct bio *bio)
 
 	if (first < end) {
 		xa_for_each_range(&c->index, idx, e, first, end - 1) {
-			struct tc_holder h;
-
-			tc_lock_wait(&c->locks, &h, idx);
-			e = tc_lookup(c, idx);
-			if (e)
-				tc_remove(c, e);
-			tc_unlock(&c->locks, &h);
+			tc_discard_block(c, idx);
 			cond_resched();
 		}
 	}

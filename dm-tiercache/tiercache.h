@@ -119,6 +119,7 @@ struct tc_entry {
 
 #define TC_E_VALID	0		/* slot holds a block */
 #define TC_E_REF	1		/* referenced since the last CLOCK pass */
+#define TC_E_WB		2		/* in a writeback request */
 
 struct tc_stats {
 	atomic64_t read_hits;
