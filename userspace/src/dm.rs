@@ -251,10 +251,22 @@ impl Dm for KernelDm {
 
     fn remove(&self, name: &str) -> Result<()> {
         let id = devicemapper::DevId::Name(dm_name(name)?);
-        self.dm
-            .device_remove(&id, devicemapper::DmOptions::default())
-            .map_err(|e| map_err(e, name, "remove"))?;
-        Ok(())
+        // A uevent (a flush, a resume) makes udev open the device for a
+        // moment: retry EBUSY for a while, as `dmsetup remove --retry` does.
+        let mut tries = 0;
+        loop {
+            match self
+                .dm
+                .device_remove(&id, devicemapper::DmOptions::default())
+            {
+                Ok(_) => return Ok(()),
+                Err(e) if ioctl_errno(&e) == Some(libc::EBUSY) && tries < 50 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => return Err(map_err(e, name, "remove")),
+            }
+        }
     }
 
     fn message(&self, name: &str, msg: &str) -> Result<Option<String>> {
