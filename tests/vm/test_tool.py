@@ -169,7 +169,9 @@ class Res:
         mnt.mkdir()
         self.es.callback(mnt.rmdir)
         if mkfs:
-            sh(["mkfs.ext4", "-q", "-F", dev])
+            # no lazy inode-table or journal init: ext4lazyinit would keep writing
+            # after sync, so "dirty after flush" would race with it
+            sh(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", dev])
         sh(["mount", dev, mnt])
         self.es.callback(self.umount, mnt)
         return mnt
