@@ -20,8 +20,8 @@
 #   MODELS=delay,hdd    slow-disk models
 #   HDD_NSEC=8000000 HDD_MBPS=150 HDD_DEPTH=1 HDD_MAX_KB=1024 HDD_SCHED=mq-deadline
 #   SYSTEMS=bare,tiercache,dm-writecache,dm-cache,bcache
-#   BRIDGES=0,64        tiercache bridge_gap_kb values (one run each)
-#   SPARSE_FLUSH_DEPTH=512   tiercache flush_depth in sparse cases
+#   BRIDGES=0,64,128    tiercache bridge_gap_kb values (one run each)
+#   SPARSE_FLUSH_DEPTH=4096  tiercache flush_depth in sparse cases
 #   CACHE=ram|ssd       cache device: brd RAM disk or loop file     [ram]
 #   SEED=20240229       fio --randseed
 #   EXTRA="..."         more flushbench.py run options
@@ -67,7 +67,7 @@ RUN_ARGS=(--systems "$SYSTEMS" --delay-ms "${DELAYMS:-1000}"
           --read-delay-ms "${READ_DELAYMS:-0}" --hdd-nsec "${HDD_NSEC:-8000000}"
           --hdd-mbps "${HDD_MBPS:-150}" --hdd-depth "${HDD_DEPTH:-1}"
           --hdd-max-kb "${HDD_MAX_KB:-1024}" --hdd-sched "${HDD_SCHED:-mq-deadline}"
-          --tc-bridges "${BRIDGES:-0,64}" --sparse-flush-depth "${SPARSE_FLUSH_DEPTH:-512}"
+          --tc-bridges "${BRIDGES:-0,64,128}" --sparse-flush-depth "${SPARSE_FLUSH_DEPTH:-4096}"
           --cache "${CACHE:-ram}" --seed "${SEED:-20240229}")
 # shellcheck disable=SC2206
 [ -z "${EXTRA:-}" ] || RUN_ARGS+=($EXTRA)

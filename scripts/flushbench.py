@@ -797,8 +797,8 @@ def main():
                    help="NAME:FSIZE:RSIZE:FIOSIZE[:REGION],... in MiB (default: %(default)s)")
     r.add_argument("--systems", default="bare,tiercache,dm-writecache,dm-cache,bcache",
                    help="bare, tiercache (one run per --tc-bridges value), bcache, dm-cache, dm-writecache")
-    r.add_argument("--tc-bridges", default="0,64", help="tiercache bridge_gap_kb values")
-    r.add_argument("--sparse-flush-depth", type=int, default=512,
+    r.add_argument("--tc-bridges", default="0,64,128", help="tiercache bridge_gap_kb values")
+    r.add_argument("--sparse-flush-depth", type=int, default=4096,
                    help="tiercache flush_depth for sparse cases (0 = module default)")
     r.add_argument("--cache", default="ram", choices=["ram", "ssd"], help="cache device kind")
     r.add_argument("--delay-ms", type=int, default=1000, help="dm-delay write delay")
