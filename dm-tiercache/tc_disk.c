@@ -1,0 +1,239 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * dm-tiercache: encoding and checking of the on-disk format (tc_disk.h).
+ *
+ * Pure functions over buffers: the module, the host unit tests, the
+ * fuzzer and the userspace tool build this same file.
+ */
+#ifdef __KERNEL__
+#include <linux/crc32c.h>
+#include <linux/string.h>
+#else
+#include <string.h>
+#endif
+
+#include "tc_disk.h"
+
+#ifdef __KERNEL__
+u32 tc_disk_crc(const void *p, size_t len)
+{
+	return ~crc32c(~0u, p, len);
+}
+#else
+/* CRC-32C (Castagnoli), reflected polynomial 0x82f63b78, bitwise */
+u32 tc_disk_crc(const void *p, size_t len)
+{
+	const u8 *b = p;
+	u32 crc = ~0u;
+	int k;
+
+	while (len--) {
+		crc ^= *b++;
+		for (k = 0; k < 8; k++)
+			crc = (crc >> 1) ^ (0x82f63b78u & (0u - (crc & 1)));
+	}
+	return ~crc;
+}
+#endif
+
+u64 tc_disk_meta_blocks(u64 nr_slots)
+{
+	return (nr_slots + TC_ENTRIES_PER_MBLOCK - 1) / TC_ENTRIES_PER_MBLOCK;
+}
+
+static u64 tc_data_start(u64 nr_slots, u32 block_sectors)
+{
+	u64 end = TC_META_START + tc_disk_meta_blocks(nr_slots) *
+		  TC_MBLOCK_SECTORS;
+
+	return (end + block_sectors - 1) / block_sectors * block_sectors;
+}
+
+static bool tc_block_size_ok(u32 block_sectors)
+{
+	return block_sectors >= 8 && block_sectors <= 2048 &&
+	       !(block_sectors & (block_sectors - 1));
+}
+
+/*
+ * The most slots a device of @cache_sectors holds with its metadata.
+ * Returns 0, or -1 if not even one slot fits.
+ */
+int tc_disk_layout(u64 cache_sectors, u32 block_sectors, struct tc_layout *l)
+{
+	u64 n;
+
+	if (!tc_block_size_ok(block_sectors) ||
+	    cache_sectors <= TC_META_START + TC_MBLOCK_SECTORS)
+		return -1;
+	/* a first guess counting a 32-byte entry per slot, then step down */
+	n = (cache_sectors - TC_META_START) * 512 /
+	    ((u64)block_sectors * 512 + sizeof(struct tc_disk_entry));
+	while (n && tc_data_start(n, block_sectors) + n * block_sectors >
+		    cache_sectors)
+		n--;
+	if (!n)
+		return -1;
+	l->block_sectors = block_sectors;
+	l->nr_slots = n;
+	l->meta_start = TC_META_START;
+	l->meta_blocks = tc_disk_meta_blocks(n);
+	l->data_start = tc_data_start(n, block_sectors);
+	return 0;
+}
+
+void tc_sb_encode(struct tc_disk_sb *sb, const struct tc_sb_info *i)
+{
+	size_t n = strnlen(i->uuid, TC_UUID_BYTES);
+
+	memset(sb, 0, sizeof(*sb));
+	memcpy(sb->magic, TC_DISK_MAGIC, sizeof(sb->magic));
+	sb->version = cpu_to_le32(TC_DISK_VERSION);
+	sb->commit_seq = cpu_to_le64(i->commit_seq);
+	sb->block_sectors = cpu_to_le32(i->layout.block_sectors);
+	sb->nr_slots = cpu_to_le64(i->layout.nr_slots);
+	sb->meta_start = cpu_to_le64(i->layout.meta_start);
+	sb->data_start = cpu_to_le64(i->layout.data_start);
+	sb->origin_sectors = cpu_to_le64(i->origin_sectors);
+	memcpy(sb->uuid, i->uuid, n);
+	sb->csum = cpu_to_le32(tc_disk_crc(sb, sizeof(*sb)));
+}
+
+static bool tc_sb_fields_ok(const struct tc_disk_sb *sb,
+			    const struct tc_sb_info *i)
+{
+	const struct tc_layout *l = &i->layout;
+	size_t k;
+
+	if (le32_to_cpu(sb->flags) || !tc_block_size_ok(l->block_sectors))
+		return false;
+	if (!l->nr_slots || l->nr_slots > (1ULL << 32) ||
+	    l->meta_start != TC_META_START || !i->origin_sectors)
+		return false;
+	if (l->data_start != tc_data_start(l->nr_slots, l->block_sectors))
+		return false;
+	for (k = 0; k < sizeof(sb->reserved); k++)
+		if (sb->reserved[k])
+			return false;
+	return true;
+}
+
+enum tc_sb_result tc_sb_decode(const struct tc_disk_sb *sb,
+			       struct tc_sb_info *i)
+{
+	struct tc_disk_sb tmp;
+
+	if (memcmp(sb->magic, TC_DISK_MAGIC, sizeof(sb->magic)))
+		return TC_SB_BLANK;
+	tmp = *sb;
+	tmp.csum = 0;
+	if (tc_disk_crc(&tmp, sizeof(tmp)) != le32_to_cpu(sb->csum))
+		return TC_SB_BAD_CSUM;
+	if (le32_to_cpu(sb->version) != TC_DISK_VERSION)
+		return TC_SB_BAD_VERSION;
+	memset(i, 0, sizeof(*i));
+	i->commit_seq = le64_to_cpu(sb->commit_seq);
+	i->origin_sectors = le64_to_cpu(sb->origin_sectors);
+	i->layout.block_sectors = le32_to_cpu(sb->block_sectors);
+	i->layout.nr_slots = le64_to_cpu(sb->nr_slots);
+	i->layout.meta_start = le64_to_cpu(sb->meta_start);
+	i->layout.data_start = le64_to_cpu(sb->data_start);
+	memcpy(i->uuid, sb->uuid, TC_UUID_BYTES);
+	i->uuid[TC_UUID_BYTES] = 0;
+	if (!tc_sb_fields_ok(sb, i))
+		return TC_SB_BAD_FIELDS;
+	i->layout.meta_blocks = tc_disk_meta_blocks(i->layout.nr_slots);
+	return TC_SB_OK;
+}
+
+const char *tc_sb_result_str(enum tc_sb_result r)
+{
+	switch (r) {
+	case TC_SB_OK:
+		return "valid";
+	case TC_SB_BLANK:
+		return "no tiercache superblock (never formatted)";
+	case TC_SB_BAD_CSUM:
+		return "superblock checksum mismatch (torn or corrupt)";
+	case TC_SB_BAD_VERSION:
+		return "unknown format version";
+	case TC_SB_BAD_FIELDS:
+		return "superblock fields out of range";
+	}
+	return "unknown";
+}
+
+void tc_de_encode(struct tc_disk_entry *d, u64 slot, u64 block, bool dirty,
+		  u64 seq)
+{
+	memset(d, 0, sizeof(*d));
+	d->block = cpu_to_le64(block);
+	d->seq = cpu_to_le64(seq);
+	d->slot = cpu_to_le32((u32)slot);
+	d->flags = cpu_to_le32(TC_DE_VALID | (dirty ? TC_DE_DIRTY : 0));
+	d->csum = cpu_to_le32(tc_disk_crc(d, sizeof(*d)));
+}
+
+void tc_de_encode_empty(struct tc_disk_entry *d)
+{
+	memset(d, 0, sizeof(*d));
+}
+
+static bool tc_de_is_zero(const struct tc_disk_entry *d)
+{
+	static const struct tc_disk_entry zero;
+
+	return !memcmp(d, &zero, sizeof(*d));
+}
+
+enum tc_de_result tc_de_decode(const struct tc_disk_entry *d, u64 slot,
+			       u64 nr_blocks, u64 commit_seq,
+			       struct tc_de_info *i)
+{
+	struct tc_disk_entry tmp;
+	u32 flags;
+
+	if (tc_de_is_zero(d))
+		return TC_DE_EMPTY;
+	tmp = *d;
+	tmp.csum = 0;
+	if (tc_disk_crc(&tmp, sizeof(tmp)) != le32_to_cpu(d->csum))
+		return TC_DE_BAD_CSUM;
+	if (le32_to_cpu(d->slot) != (u32)slot)
+		return TC_DE_BAD_SLOT;
+	flags = le32_to_cpu(d->flags);
+	if (!(flags & TC_DE_VALID) || (flags & ~(TC_DE_VALID | TC_DE_DIRTY)) ||
+	    d->reserved)
+		return TC_DE_BAD_FLAGS;
+	i->block = le64_to_cpu(d->block);
+	i->seq = le64_to_cpu(d->seq);
+	i->dirty = flags & TC_DE_DIRTY;
+	if (i->block >= nr_blocks)
+		return TC_DE_BAD_BLOCK;
+	if (i->seq > commit_seq)
+		return TC_DE_UNCOMMITTED;
+	return i->dirty ? TC_DE_DIRTY_OK : TC_DE_CLEAN;
+}
+
+const char *tc_de_result_str(enum tc_de_result r)
+{
+	switch (r) {
+	case TC_DE_EMPTY:
+		return "empty";
+	case TC_DE_CLEAN:
+		return "clean";
+	case TC_DE_DIRTY_OK:
+		return "dirty";
+	case TC_DE_UNCOMMITTED:
+		return "uncommitted (newer than the superblock: ignored)";
+	case TC_DE_BAD_CSUM:
+		return "checksum mismatch";
+	case TC_DE_BAD_SLOT:
+		return "slot number does not match its position";
+	case TC_DE_BAD_FLAGS:
+		return "invalid flags";
+	case TC_DE_BAD_BLOCK:
+		return "origin block beyond the origin";
+	}
+	return "unknown";
+}

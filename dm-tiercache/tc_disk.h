@@ -1,0 +1,152 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * dm-tiercache: the on-disk format of the cache device.
+ *
+ * One definition for the module and the userspace tools (check, dump,
+ * offline writeback), which build tc_disk.c on the host.  Everything on
+ * disk is little-endian.
+ *
+ * Layout, in 512-byte sectors:
+ *
+ *   0                      superblock (struct tc_disk_sb, one sector used)
+ *   TC_META_START          entries: one struct tc_disk_entry per slot,
+ *                          TC_ENTRIES_PER_MBLOCK to a 4 KiB metadata block
+ *   data_start             slot 0, slot 1, ... (block_sectors each)
+ *
+ * data_start is the end of the entries rounded up to the block size.
+ *
+ * Crash consistency rests on three rules kept by the module:
+ * - an entry says "dirty block B" only once the slot holds data of B, and
+ *   the data is made durable (cache device flush) before entries are
+ *   written;
+ * - a commit writes the changed metadata blocks, flushes, then writes the
+ *   superblock with the new commit_seq (FUA); entries carry the commit_seq
+ *   that wrote them, and an entry newer than the superblock belongs to a
+ *   commit that did not finish and is ignored;
+ * - a slot that is dirty on disk is not reused before a commit has
+ *   recorded it clean.
+ * All-zero entries are empty slots.  Clean entries are recorded but not
+ * loaded: after a restart the cache holds the committed dirty blocks.
+ */
+#ifndef DM_TIERCACHE_DISK_H
+#define DM_TIERCACHE_DISK_H
+
+#ifdef __KERNEL__
+#include <linux/types.h>
+#include <asm/byteorder.h>
+#else
+#include <stdint.h>
+#include <stddef.h>
+#include <stdbool.h>
+#include <endian.h>
+typedef uint8_t u8;
+typedef uint32_t u32;
+typedef uint64_t u64;
+typedef uint8_t __u8;
+typedef uint32_t __le32;
+typedef uint64_t __le64;
+#define cpu_to_le32(x)	htole32(x)
+#define cpu_to_le64(x)	htole64(x)
+#define le32_to_cpu(x)	le32toh(x)
+#define le64_to_cpu(x)	le64toh(x)
+#endif
+
+#define TC_DISK_MAGIC		"TIERCACH"
+#define TC_DISK_VERSION		1
+
+#define TC_SB_SECTORS		8		/* reserved for the superblock */
+#define TC_META_START		TC_SB_SECTORS
+#define TC_MBLOCK_BYTES		4096
+#define TC_MBLOCK_SECTORS	(TC_MBLOCK_BYTES >> 9)
+#define TC_UUID_BYTES		128
+
+struct tc_disk_sb {
+	__u8 magic[8];			/* TC_DISK_MAGIC, no NUL */
+	__le32 version;
+	__le32 csum;			/* crc32c of the sector, csum = 0 */
+	__le64 commit_seq;		/* last complete commit */
+	__le32 block_sectors;
+	__le32 flags;			/* none defined: must be 0 */
+	__le64 nr_slots;
+	__le64 meta_start;		/* sector of the first entry */
+	__le64 data_start;		/* sector of slot 0 */
+	__le64 origin_sectors;		/* length of the cached origin */
+	__u8 uuid[TC_UUID_BYTES];	/* dm uuid of the device, NUL padded */
+	__u8 reserved[320];
+};
+
+/* entry flags */
+#define TC_DE_VALID		1u	/* the slot holds a block */
+#define TC_DE_DIRTY		2u	/* ... newer than the origin */
+
+struct tc_disk_entry {
+	__le64 block;			/* origin block */
+	__le64 seq;			/* commit that wrote the entry */
+	__le32 slot;			/* own slot number */
+	__le32 flags;			/* TC_DE_* */
+	__le32 csum;			/* crc32c of the entry, csum = 0 */
+	__le32 reserved;		/* 0 */
+};
+
+#define TC_ENTRIES_PER_MBLOCK	(TC_MBLOCK_BYTES / sizeof(struct tc_disk_entry))
+
+struct tc_layout {
+	u32 block_sectors;
+	u64 nr_slots;
+	u64 meta_start;
+	u64 meta_blocks;		/* 4 KiB metadata blocks */
+	u64 data_start;
+};
+
+/* What a superblock holds, decoded. */
+struct tc_sb_info {
+	struct tc_layout layout;
+	u64 commit_seq;
+	u64 origin_sectors;
+	char uuid[TC_UUID_BYTES + 1];
+};
+
+enum tc_sb_result {
+	TC_SB_OK,
+	TC_SB_BLANK,		/* no magic: never formatted */
+	TC_SB_BAD_CSUM,		/* magic, but torn or corrupt */
+	TC_SB_BAD_VERSION,	/* a format this code does not know */
+	TC_SB_BAD_FIELDS,	/* checksum fine, values impossible */
+};
+
+enum tc_de_result {
+	TC_DE_EMPTY,		/* all zero: a free slot */
+	TC_DE_CLEAN,
+	TC_DE_DIRTY_OK,		/* a committed dirty block */
+	TC_DE_UNCOMMITTED,	/* written by a commit that did not end */
+	TC_DE_BAD_CSUM,
+	TC_DE_BAD_SLOT,		/* slot field is not its own index */
+	TC_DE_BAD_FLAGS,
+	TC_DE_BAD_BLOCK,	/* beyond the origin */
+};
+
+struct tc_de_info {
+	u64 block;
+	u64 seq;
+	bool dirty;
+};
+
+u32 tc_disk_crc(const void *p, size_t len);
+
+int tc_disk_layout(u64 cache_sectors, u32 block_sectors, struct tc_layout *l);
+u64 tc_disk_meta_blocks(u64 nr_slots);
+
+void tc_sb_encode(struct tc_disk_sb *sb, const struct tc_sb_info *i);
+enum tc_sb_result tc_sb_decode(const struct tc_disk_sb *sb,
+			       struct tc_sb_info *i);
+const char *tc_sb_result_str(enum tc_sb_result r);
+
+void tc_de_encode(struct tc_disk_entry *d, u64 slot, u64 block, bool dirty,
+		  u64 seq);
+void tc_de_encode_empty(struct tc_disk_entry *d);
+enum tc_de_result tc_de_decode(const struct tc_disk_entry *d, u64 slot,
+			       u64 nr_blocks, u64 commit_seq,
+			       struct tc_de_info *i);
+const char *tc_de_result_str(enum tc_de_result r);
+
+#endif /* DM_TIERCACHE_DISK_H */
