@@ -29,6 +29,17 @@ pub enum Kind {
     Kernel = 8,
     /// The configuration file could not be read, parsed or written.
     Config = 9,
+    /// A device (or image file) could not be opened, read or written.
+    Unreadable = 10,
+    /// The cache device holds no tiercache superblock (never formatted).
+    NoSuperblock = 11,
+    /// The superblock is corrupt, of an unknown version, or describes more
+    /// than the device holds.
+    BadSuperblock = 12,
+    /// Metadata entries are corrupt.
+    BadEntries = 13,
+    /// Several committed dirty entries name the same origin block.
+    DuplicateDirty = 14,
 }
 
 impl Kind {
@@ -150,6 +161,11 @@ mod tests {
         assert_eq!(Kind::Timeout.exit_code(), 7);
         assert_eq!(Kind::Kernel.exit_code(), 8);
         assert_eq!(Kind::Config.exit_code(), 9);
+        assert_eq!(Kind::Unreadable.exit_code(), 10);
+        assert_eq!(Kind::NoSuperblock.exit_code(), 11);
+        assert_eq!(Kind::BadSuperblock.exit_code(), 12);
+        assert_eq!(Kind::BadEntries.exit_code(), 13);
+        assert_eq!(Kind::DuplicateDirty.exit_code(), 14);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! tested on the host with `cargo test`, without a kernel.
 
 pub mod config;
+pub mod disk;
 pub mod dm;
 pub mod error;
 pub mod host;

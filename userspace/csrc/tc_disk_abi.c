@@ -1,0 +1,16 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * Values of dm-tiercache/tc_disk.h that bindgen cannot take from macros
+ * (they are built on sizeof), and the sizes and offsets the C compiler
+ * gives the on-disk structures.  build.rs hands this file to bindgen, which
+ * has clang evaluate the initialisers: the Rust side gets them as
+ * constants, and a unit test compares them with the generated structures.
+ */
+#include <stddef.h>
+#include "tc_disk.h"
+
+const u64 tc_abi_entries_per_mblock = TC_ENTRIES_PER_MBLOCK;
+const u64 tc_abi_sb_size = sizeof(struct tc_disk_sb);
+const u64 tc_abi_entry_size = sizeof(struct tc_disk_entry);
+const u64 tc_abi_sb_uuid_offset = offsetof(struct tc_disk_sb, uuid);
+const u64 tc_abi_entry_csum_offset = offsetof(struct tc_disk_entry, csum);

@@ -1,0 +1,1043 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! The cache device's on-disk metadata, read and written with the module's
+//! own C code: dm-tiercache/tc_disk.c is compiled into the tool (build.rs)
+//! and its structures and constants come from tc_disk.h through bindgen.
+//! Nothing here decodes a field itself; this module only moves bytes to and
+//! from devices and calls `tc_sb_decode`, `tc_de_decode` and friends.
+//!
+//! Also here: `Dev`, a block device or regular file opened for metadata
+//! and data access (O_DIRECT on block devices, so that what the module
+//! wrote through bios is read, not a stale page cache), and `survey`, the
+//! walk over every entry that `check`, `writeback` and `--format` use.
+
+use serde::Serialize;
+use std::ffi::CStr;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+
+use crate::error::{busy, Error, Kind, Result};
+
+#[allow(
+    non_camel_case_types,
+    non_upper_case_globals,
+    non_snake_case,
+    dead_code,
+    clippy::all
+)]
+pub mod ffi {
+    include!(concat!(env!("OUT_DIR"), "/tc_disk.rs"));
+}
+
+/// Bytes of the superblock structure (one sector).
+pub const SB_BYTES: usize = std::mem::size_of::<ffi::tc_disk_sb>();
+/// Bytes of one entry.
+pub const ENTRY_BYTES: usize = std::mem::size_of::<ffi::tc_disk_entry>();
+/// Bytes of one metadata block.
+pub const MBLOCK_BYTES: usize = ffi::TC_MBLOCK_BYTES as usize;
+/// Sectors reserved for the superblock at the start of the device.
+pub const SB_SECTORS: u64 = ffi::TC_SB_SECTORS as u64;
+/// The format version this tool reads and writes.
+pub const VERSION: u32 = ffi::TC_DISK_VERSION;
+
+/// Entries in one metadata block (TC_ENTRIES_PER_MBLOCK, from C).
+pub fn entries_per_mblock() -> u64 {
+    ffi::tc_abi_entries_per_mblock
+}
+
+/// The magic string, without the C string's NUL.
+pub fn magic() -> &'static str {
+    std::str::from_utf8(&ffi::TC_DISK_MAGIC[..ffi::TC_DISK_MAGIC.len() - 1]).unwrap()
+}
+
+/// CRC-32C as the format uses it.
+pub fn crc(data: &[u8]) -> u32 {
+    // SAFETY: pointer and length of a live slice.
+    unsafe { ffi::tc_disk_crc(data.as_ptr().cast(), data.len()) }
+}
+
+fn c_str(p: *const std::os::raw::c_char) -> &'static str {
+    if p.is_null() {
+        return "unknown";
+    }
+    // SAFETY: tc_*_result_str return pointers to static C strings.
+    unsafe { CStr::from_ptr(p) }.to_str().unwrap_or("unknown")
+}
+
+// --------------------------------------------------------------------
+// Layout and superblock
+// --------------------------------------------------------------------
+
+/// Where things are on the cache device, in 512-byte sectors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Layout {
+    pub block_sectors: u32,
+    pub nr_slots: u64,
+    pub meta_start: u64,
+    /// 4 KiB metadata blocks holding the entries.
+    pub meta_blocks: u64,
+    pub data_start: u64,
+}
+
+impl Layout {
+    fn from_c(l: &ffi::tc_layout) -> Layout {
+        Layout {
+            block_sectors: l.block_sectors,
+            nr_slots: l.nr_slots,
+            meta_start: l.meta_start,
+            meta_blocks: l.meta_blocks,
+            data_start: l.data_start,
+        }
+    }
+    fn to_c(self) -> ffi::tc_layout {
+        ffi::tc_layout {
+            block_sectors: self.block_sectors,
+            nr_slots: self.nr_slots,
+            meta_start: self.meta_start,
+            meta_blocks: self.meta_blocks,
+            data_start: self.data_start,
+        }
+    }
+    /// The sector after the last slot.
+    pub fn end_sector(&self) -> u64 {
+        self.data_start
+            .saturating_add(self.nr_slots.saturating_mul(self.block_sectors as u64))
+    }
+    /// The sector after the last metadata block.
+    pub fn meta_end_sector(&self) -> u64 {
+        self.meta_start
+            .saturating_add(self.meta_blocks.saturating_mul(MBLOCK_BYTES as u64 / 512))
+    }
+    /// Byte offset of a slot's data.
+    pub fn slot_offset(&self, slot: u64) -> u64 {
+        (self.data_start + slot * self.block_sectors as u64) * 512
+    }
+    pub fn block_bytes(&self) -> u64 {
+        self.block_sectors as u64 * 512
+    }
+}
+
+/// The most slots a device of `cache_sectors` holds (`tc_disk_layout`),
+/// `None` if the block size is invalid or not one slot fits.
+pub fn layout(cache_sectors: u64, block_sectors: u32) -> Option<Layout> {
+    let mut l = ffi::tc_layout::default();
+    // SAFETY: l is a valid out-parameter.
+    let r = unsafe { ffi::tc_disk_layout(cache_sectors, block_sectors, &mut l) };
+    (r == 0).then(|| Layout::from_c(&l))
+}
+
+/// What `tc_sb_decode` says about a superblock sector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SbState {
+    Ok,
+    Blank,
+    BadCsum,
+    BadVersion,
+    BadFields,
+}
+
+impl SbState {
+    fn from_c(r: ffi::tc_sb_result) -> SbState {
+        match r {
+            ffi::tc_sb_result::TC_SB_OK => SbState::Ok,
+            ffi::tc_sb_result::TC_SB_BLANK => SbState::Blank,
+            ffi::tc_sb_result::TC_SB_BAD_CSUM => SbState::BadCsum,
+            ffi::tc_sb_result::TC_SB_BAD_VERSION => SbState::BadVersion,
+            _ => SbState::BadFields,
+        }
+    }
+    fn to_c(self) -> ffi::tc_sb_result {
+        match self {
+            SbState::Ok => ffi::tc_sb_result::TC_SB_OK,
+            SbState::Blank => ffi::tc_sb_result::TC_SB_BLANK,
+            SbState::BadCsum => ffi::tc_sb_result::TC_SB_BAD_CSUM,
+            SbState::BadVersion => ffi::tc_sb_result::TC_SB_BAD_VERSION,
+            SbState::BadFields => ffi::tc_sb_result::TC_SB_BAD_FIELDS,
+        }
+    }
+    /// The C code's description (`tc_sb_result_str`).
+    pub fn describe(self) -> &'static str {
+        // SAFETY: plain value in, static string out.
+        c_str(unsafe { ffi::tc_sb_result_str(self.to_c()) })
+    }
+}
+
+/// A decoded superblock.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Superblock {
+    pub layout: Layout,
+    pub commit_seq: u64,
+    pub origin_sectors: u64,
+    /// The dm uuid of the device the cache belongs to; empty: any.
+    pub uuid: String,
+}
+
+impl Superblock {
+    /// Whole origin blocks: entries must name a block below this.
+    pub fn origin_blocks(&self) -> u64 {
+        self.origin_sectors / self.layout.block_sectors as u64
+    }
+}
+
+fn sb_from_bytes(raw: &[u8]) -> ffi::tc_disk_sb {
+    let mut sb = ffi::tc_disk_sb::default();
+    let n = raw.len().min(SB_BYTES);
+    // SAFETY: sb is a plain-old-data struct of SB_BYTES bytes; copy at most
+    // that many bytes into it (the rest stays zero).
+    unsafe {
+        std::ptr::copy_nonoverlapping(raw.as_ptr(), (&mut sb as *mut ffi::tc_disk_sb).cast(), n)
+    };
+    sb
+}
+
+/// Decode the first sector of a cache device.  A buffer shorter than a
+/// sector is read as if padded with zeros.
+pub fn decode_sb(raw: &[u8]) -> (SbState, Option<Superblock>) {
+    let sb = sb_from_bytes(raw);
+    let mut i = ffi::tc_sb_info::default();
+    // SAFETY: both pointers are to live, properly aligned structs.
+    let r = SbState::from_c(unsafe { ffi::tc_sb_decode(&sb, &mut i) });
+    if r != SbState::Ok {
+        return (r, None);
+    }
+    let uuid: Vec<u8> = i
+        .uuid
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    (
+        r,
+        Some(Superblock {
+            layout: Layout::from_c(&i.layout),
+            commit_seq: i.commit_seq,
+            origin_sectors: i.origin_sectors,
+            uuid: String::from_utf8_lossy(&uuid).into_owned(),
+        }),
+    )
+}
+
+/// Encode a superblock (`tc_sb_encode`).  The uuid is cut at 128 bytes.
+pub fn encode_sb(s: &Superblock) -> [u8; SB_BYTES] {
+    let mut i = ffi::tc_sb_info {
+        layout: s.layout.to_c(),
+        commit_seq: s.commit_seq,
+        origin_sectors: s.origin_sectors,
+        uuid: [0; ffi::TC_UUID_BYTES as usize + 1],
+    };
+    for (d, c) in i
+        .uuid
+        .iter_mut()
+        .zip(s.uuid.bytes().take(ffi::TC_UUID_BYTES as usize))
+    {
+        *d = c as std::os::raw::c_char;
+    }
+    let mut sb = ffi::tc_disk_sb::default();
+    // SAFETY: both pointers are to live, properly aligned structs.
+    unsafe { ffi::tc_sb_encode(&mut sb, &i) };
+    let mut out = [0u8; SB_BYTES];
+    // SAFETY: sb is SB_BYTES bytes of plain data.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (&sb as *const ffi::tc_disk_sb).cast::<u8>(),
+            out.as_mut_ptr(),
+            SB_BYTES,
+        )
+    };
+    out
+}
+
+// --------------------------------------------------------------------
+// Entries
+// --------------------------------------------------------------------
+
+/// What `tc_de_decode` says about one entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryState {
+    Empty,
+    Clean,
+    Dirty,
+    Uncommitted,
+    BadCsum,
+    BadSlot,
+    BadFlags,
+    BadBlock,
+}
+
+impl EntryState {
+    fn from_c(r: ffi::tc_de_result) -> EntryState {
+        match r {
+            ffi::tc_de_result::TC_DE_EMPTY => EntryState::Empty,
+            ffi::tc_de_result::TC_DE_CLEAN => EntryState::Clean,
+            ffi::tc_de_result::TC_DE_DIRTY_OK => EntryState::Dirty,
+            ffi::tc_de_result::TC_DE_UNCOMMITTED => EntryState::Uncommitted,
+            ffi::tc_de_result::TC_DE_BAD_CSUM => EntryState::BadCsum,
+            ffi::tc_de_result::TC_DE_BAD_SLOT => EntryState::BadSlot,
+            ffi::tc_de_result::TC_DE_BAD_FLAGS => EntryState::BadFlags,
+            _ => EntryState::BadBlock,
+        }
+    }
+    fn to_c(self) -> ffi::tc_de_result {
+        match self {
+            EntryState::Empty => ffi::tc_de_result::TC_DE_EMPTY,
+            EntryState::Clean => ffi::tc_de_result::TC_DE_CLEAN,
+            EntryState::Dirty => ffi::tc_de_result::TC_DE_DIRTY_OK,
+            EntryState::Uncommitted => ffi::tc_de_result::TC_DE_UNCOMMITTED,
+            EntryState::BadCsum => ffi::tc_de_result::TC_DE_BAD_CSUM,
+            EntryState::BadSlot => ffi::tc_de_result::TC_DE_BAD_SLOT,
+            EntryState::BadFlags => ffi::tc_de_result::TC_DE_BAD_FLAGS,
+            EntryState::BadBlock => ffi::tc_de_result::TC_DE_BAD_BLOCK,
+        }
+    }
+    /// The C code's description (`tc_de_result_str`).
+    pub fn describe(self) -> &'static str {
+        // SAFETY: plain value in, static string out.
+        c_str(unsafe { ffi::tc_de_result_str(self.to_c()) })
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EntryState::Empty => "empty",
+            EntryState::Clean => "clean",
+            EntryState::Dirty => "dirty",
+            EntryState::Uncommitted => "uncommitted",
+            EntryState::BadCsum => "bad_csum",
+            EntryState::BadSlot => "bad_slot",
+            EntryState::BadFlags => "bad_flags",
+            EntryState::BadBlock => "bad_block",
+        }
+    }
+    pub fn is_corrupt(self) -> bool {
+        matches!(
+            self,
+            EntryState::BadCsum | EntryState::BadSlot | EntryState::BadFlags | EntryState::BadBlock
+        )
+    }
+}
+
+/// One decoded entry.  `block`, `seq` and `dirty` are what the entry says
+/// when the C decoder got that far (not for empty entries, checksum, slot
+/// or flag errors).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Entry {
+    pub slot: u64,
+    pub state: EntryState,
+    pub block: Option<u64>,
+    pub seq: Option<u64>,
+    pub dirty: Option<bool>,
+}
+
+fn entry_from_bytes(raw: &[u8]) -> ffi::tc_disk_entry {
+    let mut d = ffi::tc_disk_entry::default();
+    let n = raw.len().min(ENTRY_BYTES);
+    // SAFETY: d is ENTRY_BYTES of plain data; at most that many are copied.
+    unsafe {
+        std::ptr::copy_nonoverlapping(raw.as_ptr(), (&mut d as *mut ffi::tc_disk_entry).cast(), n)
+    };
+    d
+}
+
+/// Decode the entry of `slot` (`tc_de_decode`).
+pub fn decode_entry(raw: &[u8], slot: u64, origin_blocks: u64, commit_seq: u64) -> Entry {
+    let d = entry_from_bytes(raw);
+    let mut i = ffi::tc_de_info::default();
+    // SAFETY: both pointers are to live, properly aligned structs.
+    let st = EntryState::from_c(unsafe {
+        ffi::tc_de_decode(&d, slot, origin_blocks, commit_seq, &mut i)
+    });
+    let fields = matches!(
+        st,
+        EntryState::Clean | EntryState::Dirty | EntryState::Uncommitted | EntryState::BadBlock
+    );
+    Entry {
+        slot,
+        state: st,
+        block: fields.then_some(i.block),
+        seq: fields.then_some(i.seq),
+        dirty: fields.then_some(i.dirty),
+    }
+}
+
+fn entry_bytes(d: &ffi::tc_disk_entry) -> [u8; ENTRY_BYTES] {
+    let mut out = [0u8; ENTRY_BYTES];
+    // SAFETY: d is ENTRY_BYTES of plain data.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (d as *const ffi::tc_disk_entry).cast::<u8>(),
+            out.as_mut_ptr(),
+            ENTRY_BYTES,
+        )
+    };
+    out
+}
+
+/// Encode an entry (`tc_de_encode`).
+pub fn encode_entry(slot: u64, block: u64, dirty: bool, seq: u64) -> [u8; ENTRY_BYTES] {
+    let mut d = ffi::tc_disk_entry::default();
+    // SAFETY: d is a live struct.
+    unsafe { ffi::tc_de_encode(&mut d, slot, block, dirty, seq) };
+    entry_bytes(&d)
+}
+
+/// An empty entry (`tc_de_encode_empty`).
+pub fn encode_empty_entry() -> [u8; ENTRY_BYTES] {
+    let mut d = ffi::tc_disk_entry::default();
+    // SAFETY: d is a live struct.
+    unsafe { ffi::tc_de_encode_empty(&mut d) };
+    entry_bytes(&d)
+}
+
+/// Byte offset of the entry of `slot`.
+pub fn entry_offset(l: &Layout, slot: u64) -> u64 {
+    let per = entries_per_mblock();
+    l.meta_start * 512 + (slot / per) * MBLOCK_BYTES as u64 + (slot % per) * ENTRY_BYTES as u64
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+// --------------------------------------------------------------------
+// Devices
+// --------------------------------------------------------------------
+
+/// Something metadata can be read from: a device, an image file, or a
+/// test's in-memory image.
+pub trait ReadAt {
+    /// The device or file, for messages.
+    fn name(&self) -> &str;
+    fn size_bytes(&self) -> u64;
+    /// Exactly `len` bytes at `off`.
+    fn read_at(&self, off: u64, len: usize) -> Result<Vec<u8>>;
+}
+
+/// Alignment of O_DIRECT buffers, offsets and lengths.
+const DIRECT_ALIGN: usize = 4096;
+
+/// A heap buffer aligned for O_DIRECT.
+struct AlignedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+}
+
+impl AlignedBuf {
+    fn new(len: usize) -> AlignedBuf {
+        let layout = std::alloc::Layout::from_size_align(len.max(DIRECT_ALIGN), DIRECT_ALIGN)
+            .expect("buffer layout");
+        // SAFETY: non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = std::ptr::NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        AlignedBuf { ptr, layout }
+    }
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr owns layout.size() initialised bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
+    }
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in new() with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// How a device is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Read only, shared: the device may be in use.
+    Read,
+    /// Read and write, and for block devices an exclusive open (O_EXCL):
+    /// refused while the device is mounted or held by a device-mapper
+    /// device, and no one can claim it while we hold it.
+    WriteExclusive,
+}
+
+/// A block device or a regular file (an image, in tests).
+pub struct Dev {
+    file: File,
+    path: String,
+    size: u64,
+    direct: bool,
+    /// Device number of a block device.
+    pub devno: Option<(u32, u32)>,
+    /// Device and inode, to tell two paths of one file apart.
+    pub ident: (u64, u64),
+}
+
+fn io_msg(e: &std::io::Error) -> String {
+    let s = e.to_string();
+    s.split(" (os error").next().unwrap_or("").to_string()
+}
+
+/// Who holds a block device, from sysfs: "dm-3 (vg-data)".
+pub fn holders(devno: (u32, u32)) -> Vec<String> {
+    let dir = format!("/sys/dev/block/{}:{}/holders", devno.0, devno.1);
+    let mut v = vec![];
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            match std::fs::read_to_string(format!("/sys/block/{n}/dm/name")) {
+                Ok(d) => v.push(format!("{n} ({})", d.trim())),
+                Err(_) => v.push(n),
+            }
+        }
+    }
+    v.sort();
+    v
+}
+
+impl Dev {
+    pub fn open(path: &str, access: Access) -> Result<Dev> {
+        let unreadable = |what: String| Error::new(Kind::Unreadable, what);
+        let md = std::fs::metadata(path).map_err(|e| {
+            unreadable(format!("{path}: cannot open: {}", io_msg(&e)))
+                .hint("give the path of the device (or image file)")
+        })?;
+        let blk = md.file_type().is_block_device();
+        if !blk && !md.file_type().is_file() {
+            return Err(unreadable(format!(
+                "{path}: not a block device or regular file"
+            )));
+        }
+        let devno = blk.then(|| (libc::major(md.rdev()), libc::minor(md.rdev())));
+        let mut oo = OpenOptions::new();
+        oo.read(true);
+        let mut flags = 0;
+        if blk {
+            flags |= libc::O_DIRECT;
+        }
+        if access == Access::WriteExclusive {
+            oo.write(true);
+            if blk {
+                flags |= libc::O_EXCL;
+            }
+        }
+        oo.custom_flags(flags);
+        let file = oo.open(path).map_err(|e| match e.raw_os_error() {
+            Some(libc::EBUSY) => {
+                let by = devno.map(holders).unwrap_or_default();
+                let who = if by.is_empty() {
+                    "mounted, or open exclusively by another program".to_string()
+                } else {
+                    format!("held by {}", by.join(", "))
+                };
+                busy(format!("{path}: in use ({who})")).hint(
+                    "remove the device that uses it first (a live cache is written back with 'tiercache flush', not offline)",
+                )
+            }
+            Some(libc::EACCES) | Some(libc::EPERM) => {
+                unreadable(format!("{path}: cannot open: permission denied")).hint("run as root")
+            }
+            _ => unreadable(format!("{path}: cannot open: {}", io_msg(&e))),
+        })?;
+        let size = if blk {
+            use std::io::{Seek, SeekFrom};
+            (&file).seek(SeekFrom::End(0)).map_err(|e| {
+                unreadable(format!("{path}: cannot get the size: {}", io_msg(&e)))
+            })?
+        } else {
+            md.len()
+        };
+        Ok(Dev {
+            file,
+            path: path.to_string(),
+            size,
+            direct: blk,
+            devno,
+            ident: (md.dev(), md.ino()),
+        })
+    }
+
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn io_err(&self, what: &str, off: u64, e: &std::io::Error) -> Error {
+        Error::new(
+            Kind::Unreadable,
+            format!("{}: {what} error at byte {off}: {}", self.path, io_msg(e)),
+        )
+    }
+
+    /// Write `data` at `off`.  On block devices both must be 4 KiB aligned.
+    pub fn write_at(&self, off: u64, data: &[u8]) -> Result<()> {
+        if self.direct {
+            if off % DIRECT_ALIGN as u64 != 0 || data.len() % DIRECT_ALIGN != 0 {
+                return Err(Error::new(
+                    Kind::Failure,
+                    format!(
+                        "{}: unaligned write of {} bytes at {off} (internal error)",
+                        self.path,
+                        data.len()
+                    ),
+                ));
+            }
+            let mut b = AlignedBuf::new(data.len());
+            b.as_mut_slice()[..data.len()].copy_from_slice(data);
+            self.file
+                .write_all_at(&b.as_slice()[..data.len()], off)
+                .map_err(|e| self.io_err("write", off, &e))
+        } else {
+            self.file
+                .write_all_at(data, off)
+                .map_err(|e| self.io_err("write", off, &e))
+        }
+    }
+
+    /// Make everything written durable (fsync: a cache flush on devices).
+    pub fn sync(&self) -> Result<()> {
+        self.file.sync_all().map_err(|e| {
+            Error::new(
+                Kind::Unreadable,
+                format!("{}: fsync failed: {}", self.path, io_msg(&e)),
+            )
+        })
+    }
+}
+
+impl ReadAt for Dev {
+    fn name(&self) -> &str {
+        &self.path
+    }
+    fn size_bytes(&self) -> u64 {
+        self.size
+    }
+    fn read_at(&self, off: u64, len: usize) -> Result<Vec<u8>> {
+        let end = off.checked_add(len as u64).filter(|&e| e <= self.size);
+        if end.is_none() {
+            return Err(Error::new(
+                Kind::Unreadable,
+                format!(
+                    "{}: read of {len} bytes at byte {off} is beyond its end ({} bytes)",
+                    self.path, self.size
+                ),
+            ));
+        }
+        if !self.direct {
+            let mut v = vec![0u8; len];
+            self.file
+                .read_exact_at(&mut v, off)
+                .map_err(|e| self.io_err("read", off, &e))?;
+            return Ok(v);
+        }
+        // O_DIRECT: widen to aligned offsets and lengths.
+        let a = DIRECT_ALIGN as u64;
+        let start = off / a * a;
+        let stop = (off + len as u64).div_ceil(a) * a;
+        let mut b = AlignedBuf::new((stop - start) as usize);
+        // The last 4 KiB of a device with 512-byte sectors may be partial.
+        let want = (stop.min(self.size) - start) as usize;
+        self.file
+            .read_exact_at(&mut b.as_mut_slice()[..want], start)
+            .map_err(|e| self.io_err("read", off, &e))?;
+        let skip = (off - start) as usize;
+        Ok(b.as_slice()[skip..skip + len].to_vec())
+    }
+}
+
+// --------------------------------------------------------------------
+// Reading a cache device's metadata
+// --------------------------------------------------------------------
+
+/// The superblock of a device, as read.
+#[derive(Clone, Debug)]
+pub struct SbRead {
+    pub dev_bytes: u64,
+    pub state: SbState,
+    pub sb: Option<Superblock>,
+    /// The first sector as read (zero padded on a tiny device).
+    pub raw: Vec<u8>,
+}
+
+pub fn read_superblock(dev: &dyn ReadAt) -> Result<SbRead> {
+    let size = dev.size_bytes();
+    let n = (SB_SECTORS * 512).min(size) as usize;
+    let mut raw = if n > 0 { dev.read_at(0, n)? } else { vec![] };
+    raw.resize(SB_BYTES.max(raw.len()), 0);
+    raw.truncate(SB_BYTES);
+    let (state, sb) = decode_sb(&raw);
+    Ok(SbRead {
+        dev_bytes: size,
+        state,
+        sb,
+        raw,
+    })
+}
+
+impl SbRead {
+    /// Why this superblock cannot be used: no superblock (exit 11), or a
+    /// bad one or one describing more than the device holds (exit 12).
+    pub fn problem(&self, dev: &str) -> Option<Error> {
+        match (self.state, &self.sb) {
+            (SbState::Ok, Some(sb)) => {
+                let need = sb.layout.end_sector();
+                let have = self.dev_bytes / 512;
+                (need > have).then(|| {
+                    Error::new(
+                        Kind::BadSuperblock,
+                        format!(
+                            "{dev}: the superblock describes {need} sectors ({} slots from sector {}), but the device has {have}",
+                            sb.layout.nr_slots, sb.layout.data_start
+                        ),
+                    )
+                    .hint("the device shrank, or this superblock belongs to a larger device")
+                })
+            }
+            (SbState::Blank, _) => Some(
+                Error::new(
+                    Kind::NoSuperblock,
+                    format!("{dev}: {}", SbState::Blank.describe()),
+                )
+                .hint("this is not a tiercache cache device, or it was never used by one"),
+            ),
+            (st, _) => Some(Error::new(
+                Kind::BadSuperblock,
+                format!("{dev}: {}", st.describe()),
+            )),
+        }
+    }
+
+    /// Whether the entry area lies within the device (a superblock that
+    /// decodes but describes a larger device may still have its entries).
+    pub fn entries_readable(&self) -> bool {
+        self.sb
+            .as_ref()
+            .is_some_and(|sb| sb.layout.meta_end_sector() * 512 <= self.dev_bytes)
+    }
+}
+
+/// Call `f` for every slot's entry, in slot order, with its raw bytes.
+pub fn for_each_entry(
+    dev: &dyn ReadAt,
+    sb: &Superblock,
+    mut f: impl FnMut(&Entry, &[u8]) -> Result<()>,
+) -> Result<()> {
+    let l = &sb.layout;
+    let per = entries_per_mblock();
+    let nr_blocks = sb.origin_blocks();
+    let chunk_mblocks: u64 = 256;
+    let mut mb = 0;
+    while mb < l.meta_blocks {
+        let n = chunk_mblocks.min(l.meta_blocks - mb);
+        let off = l.meta_start * 512 + mb * MBLOCK_BYTES as u64;
+        let buf = dev.read_at(off, (n as usize) * MBLOCK_BYTES)?;
+        for (k, raw) in buf.chunks_exact(ENTRY_BYTES).enumerate() {
+            let slot = mb * per + k as u64;
+            if slot >= l.nr_slots {
+                break;
+            }
+            let e = decode_entry(raw, slot, nr_blocks, sb.commit_seq);
+            f(&e, raw)?;
+        }
+        mb += n;
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    pub empty: u64,
+    pub clean: u64,
+    pub dirty: u64,
+    pub uncommitted: u64,
+    pub corrupt: u64,
+}
+
+impl Counts {
+    pub fn used(&self) -> u64 {
+        self.clean + self.dirty + self.uncommitted + self.corrupt
+    }
+}
+
+/// A corrupt entry: which slot, and what the decoder said.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BadEntry {
+    pub slot: u64,
+    pub state: EntryState,
+    pub reason: &'static str,
+    /// The 32 bytes of the entry, in hex.
+    pub raw: String,
+}
+
+/// A committed dirty entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct DirtyRef {
+    pub block: u64,
+    pub slot: u64,
+    pub seq: u64,
+}
+
+/// Several committed dirty entries for one origin block.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Duplicate {
+    pub block: u64,
+    pub slots: Vec<u64>,
+    pub seqs: Vec<u64>,
+}
+
+/// Everything `check` and `writeback` need from the entries.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Survey {
+    pub counts: Counts,
+    pub corrupt: Vec<BadEntry>,
+    /// Committed dirty entries, by origin block then slot.
+    pub dirty: Vec<DirtyRef>,
+    pub duplicates: Vec<Duplicate>,
+}
+
+impl Survey {
+    /// The dirty entries that are the only one for their block.
+    pub fn unique_dirty(&self) -> Vec<DirtyRef> {
+        self.dirty
+            .iter()
+            .filter(|d| !self.duplicates.iter().any(|x| x.block == d.block))
+            .copied()
+            .collect()
+    }
+}
+
+pub fn survey(dev: &dyn ReadAt, sb: &Superblock) -> Result<Survey> {
+    let mut s = Survey::default();
+    for_each_entry(dev, sb, |e, raw| {
+        match e.state {
+            EntryState::Empty => s.counts.empty += 1,
+            EntryState::Clean => s.counts.clean += 1,
+            EntryState::Uncommitted => s.counts.uncommitted += 1,
+            EntryState::Dirty => {
+                s.counts.dirty += 1;
+                s.dirty.push(DirtyRef {
+                    block: e.block.unwrap_or(0),
+                    slot: e.slot,
+                    seq: e.seq.unwrap_or(0),
+                });
+            }
+            st => {
+                s.counts.corrupt += 1;
+                s.corrupt.push(BadEntry {
+                    slot: e.slot,
+                    state: st,
+                    reason: st.describe(),
+                    raw: hex(raw),
+                });
+            }
+        }
+        Ok(())
+    })?;
+    s.dirty.sort_by_key(|d| (d.block, d.slot));
+    let mut i = 0;
+    while i < s.dirty.len() {
+        let mut j = i + 1;
+        while j < s.dirty.len() && s.dirty[j].block == s.dirty[i].block {
+            j += 1;
+        }
+        if j - i > 1 {
+            s.duplicates.push(Duplicate {
+                block: s.dirty[i].block,
+                slots: s.dirty[i..j].iter().map(|d| d.slot).collect(),
+                seqs: s.dirty[i..j].iter().map(|d| d.seq).collect(),
+            });
+        }
+        i = j;
+    }
+    Ok(s)
+}
+
+/// An in-memory device image, for tests and the fake host.
+#[derive(Clone, Debug)]
+pub struct MemImage {
+    pub name: String,
+    pub data: Vec<u8>,
+}
+
+impl ReadAt for MemImage {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn size_bytes(&self) -> u64 {
+        self.data.len() as u64
+    }
+    fn read_at(&self, off: u64, len: usize) -> Result<Vec<u8>> {
+        let o = off as usize;
+        self.data
+            .get(o..o + len)
+            .map(|s| s.to_vec())
+            .ok_or_else(|| {
+                Error::new(
+                    Kind::Unreadable,
+                    format!("{}: read beyond the end", self.name),
+                )
+            })
+    }
+}
+
+/// Build a formatted cache image of `cache_sectors` with the given entries
+/// `(slot, block, dirty, seq)`, the data of each entry's slot filled with
+/// `fill(block)`.  For tests, here so that every test builds images the
+/// same way (through the C encoder).
+pub fn build_image(
+    sb: &Superblock,
+    cache_sectors: u64,
+    entries: &[(u64, u64, bool, u64)],
+    fill: impl Fn(u64) -> u8,
+) -> Vec<u8> {
+    let mut img = vec![0u8; (cache_sectors * 512) as usize];
+    img[..SB_BYTES].copy_from_slice(&encode_sb(sb));
+    let l = &sb.layout;
+    for &(slot, block, dirty, seq) in entries {
+        let off = entry_offset(l, slot) as usize;
+        img[off..off + ENTRY_BYTES].copy_from_slice(&encode_entry(slot, block, dirty, seq));
+        let d = l.slot_offset(slot) as usize;
+        let bb = l.block_bytes() as usize;
+        img[d..d + bb].fill(fill(block));
+    }
+    img
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn c_and_rust_agree_on_the_structures() {
+        // What clang computed from tc_disk.h (csrc/tc_disk_abi.c) against
+        // the layout of the generated Rust structures.
+        assert_eq!(ffi::tc_abi_sb_size as usize, SB_BYTES);
+        assert_eq!(ffi::tc_abi_entry_size as usize, ENTRY_BYTES);
+        assert_eq!(
+            ffi::tc_abi_sb_uuid_offset as usize,
+            std::mem::offset_of!(ffi::tc_disk_sb, uuid)
+        );
+        assert_eq!(
+            ffi::tc_abi_entry_csum_offset as usize,
+            std::mem::offset_of!(ffi::tc_disk_entry, csum)
+        );
+        assert_eq!(SB_BYTES, 512);
+        assert_eq!(ENTRY_BYTES, 32);
+        assert_eq!(entries_per_mblock() as usize, MBLOCK_BYTES / ENTRY_BYTES);
+        assert_eq!(magic(), "TIERCACH");
+    }
+
+    #[test]
+    fn crc_check_value() {
+        assert_eq!(crc(b"123456789"), 0xe3069283);
+    }
+
+    fn sample() -> Superblock {
+        Superblock {
+            layout: layout(4096, 8).unwrap(),
+            commit_seq: 9,
+            origin_sectors: 8192,
+            uuid: "TIERCACHE-t".into(),
+        }
+    }
+
+    #[test]
+    fn superblock_roundtrip_and_damage() {
+        let sb = sample();
+        let raw = encode_sb(&sb);
+        assert_eq!(&raw[..8], b"TIERCACH");
+        let (st, got) = decode_sb(&raw);
+        assert_eq!(st, SbState::Ok);
+        assert_eq!(got.unwrap(), sb);
+        let mut bad = raw;
+        bad[100] ^= 1;
+        assert_eq!(decode_sb(&bad).0, SbState::BadCsum);
+        assert_eq!(decode_sb(&[0u8; 512]).0, SbState::Blank);
+        assert_eq!(decode_sb(&[]).0, SbState::Blank);
+        assert!(SbState::BadCsum.describe().contains("checksum"));
+    }
+
+    #[test]
+    fn entries_decode_through_c() {
+        let e = decode_entry(&encode_entry(3, 77, true, 5), 3, 100, 9);
+        assert_eq!(e.state, EntryState::Dirty);
+        assert_eq!((e.block, e.seq, e.dirty), (Some(77), Some(5), Some(true)));
+        let e = decode_entry(&encode_entry(3, 77, true, 10), 3, 100, 9);
+        assert_eq!(e.state, EntryState::Uncommitted);
+        let e = decode_entry(&encode_entry(3, 77, false, 5), 3, 100, 9);
+        assert_eq!(e.state, EntryState::Clean);
+        let e = decode_entry(&encode_entry(3, 77, true, 5), 4, 100, 9);
+        assert_eq!((e.state, e.block), (EntryState::BadSlot, None));
+        let e = decode_entry(&encode_entry(3, 100, true, 5), 3, 100, 9);
+        assert_eq!((e.state, e.block), (EntryState::BadBlock, Some(100)));
+        assert_eq!(
+            decode_entry(&encode_empty_entry(), 3, 100, 9).state,
+            EntryState::Empty
+        );
+        let mut raw = encode_entry(3, 77, true, 5);
+        raw[0] ^= 0x80;
+        let e = decode_entry(&raw, 3, 100, 9);
+        assert_eq!(e.state, EntryState::BadCsum);
+        assert!(e.state.is_corrupt());
+        assert_eq!(e.state.describe(), "checksum mismatch");
+    }
+
+    #[test]
+    fn survey_counts_and_duplicates() {
+        let sb = sample();
+        let img = build_image(
+            &sb,
+            4096,
+            &[
+                (0, 5, true, 9),
+                (1, 6, false, 3),
+                (2, 5, true, 8),
+                (3, 7, true, 10),
+                (200, 1, true, 1),
+            ],
+            |b| b as u8,
+        );
+        let mut m = MemImage {
+            name: "img".into(),
+            data: img,
+        };
+        // Corrupt slot 200's entry.
+        let off = entry_offset(&sb.layout, 200) as usize;
+        m.data[off + 9] ^= 0xff;
+        let r = read_superblock(&m).unwrap();
+        assert_eq!(r.state, SbState::Ok);
+        assert!(r.problem("img").is_none());
+        let s = survey(&m, r.sb.as_ref().unwrap()).unwrap();
+        assert_eq!(
+            s.counts,
+            Counts {
+                empty: sb.layout.nr_slots - 5,
+                clean: 1,
+                dirty: 2,
+                uncommitted: 1,
+                corrupt: 1
+            }
+        );
+        assert_eq!(s.corrupt[0].slot, 200);
+        assert_eq!(s.corrupt[0].state, EntryState::BadCsum);
+        assert_eq!(
+            s.duplicates,
+            vec![Duplicate {
+                block: 5,
+                slots: vec![0, 2],
+                seqs: vec![9, 8]
+            }]
+        );
+        assert!(s.unique_dirty().is_empty());
+    }
+
+    #[test]
+    fn superblock_larger_than_device() {
+        let sb = sample();
+        let img = build_image(&sb, 4096, &[], |_| 0);
+        let m = MemImage {
+            name: "img".into(),
+            data: img[..2048 * 512].to_vec(),
+        };
+        let r = read_superblock(&m).unwrap();
+        let e = r.problem("img").unwrap();
+        assert_eq!(e.kind, Kind::BadSuperblock);
+        assert!(e.msg.contains("but the device has 2048"), "{}", e.msg);
+        assert!(r.entries_readable());
+    }
+}
