@@ -40,6 +40,7 @@ static const struct tc_key_rule tc_keys[TC_NR_KEYS] = {
 	[TC_KEY_HIGH_WATERMARK]	  = TC_KEY("high_watermark", 1, 100, 50),
 	[TC_KEY_LOW_WATERMARK]	  = TC_KEY("low_watermark", 0, 100, 10),
 	[TC_KEY_FLUSH_ON_SUSPEND] = TC_KEY("flush_on_suspend", 0, 1, 0),
+	[TC_KEY_COMMIT_MS]	  = TC_KEY("commit_ms", 1, 600000, 1000),
 };
 
 static const char * const tc_modes[] = {
@@ -123,7 +124,7 @@ int tc_args_set(struct tc_args *a, const char *key, const char *value,
 	int k = tc_find_key(key);
 
 	if (k < 0) {
-		*error = "Unknown key (flush_depth, max_flush_kb, bridge_gap_kb, high_watermark, low_watermark, flush_on_suspend)";
+		*error = "Unknown key (flush_depth, max_flush_kb, bridge_gap_kb, high_watermark, low_watermark, flush_on_suspend, commit_ms)";
 		DMERR("Unknown key: %s", key);
 		return -EINVAL;
 	}
@@ -153,6 +154,16 @@ static int tc_parse_features(struct tc_args *a, unsigned int argc, char **argv,
 		int m = tc_find_mode(argv[i]);
 		int k;
 
+		if (!strcmp(argv[i], "format")) {
+			if (a->format) {
+				*error = "format given twice";
+				DMERR("Feature argument given twice: format");
+				return -EINVAL;
+			}
+			a->format = true;
+			i++;
+			continue;
+		}
 		if (m >= 0) {
 			if (a->mode_given) {
 				*error = "Mode given twice";
@@ -172,7 +183,7 @@ static int tc_parse_features(struct tc_args *a, unsigned int argc, char **argv,
 		}
 		if (k < 0) {
 			*error = "Unknown feature argument (not a mode or key)";
-			DMERR("Unknown feature argument: %s (modes: writeback, writethrough, passthrough)",
+			DMERR("Unknown feature argument: %s (modes: writeback, writethrough, passthrough; format; or a key)",
 			      argv[i]);
 			return -EINVAL;
 		}

@@ -26,12 +26,15 @@ static void tc_cache_destroy(struct tc_cache *c)
 
 	if (c->wq) {
 		tc_flush_stop(c);
+		if (c->meta_loaded && tc_meta_close(c))
+			DMERR("%s: the last metadata commit failed", c->name);
 		destroy_workqueue(c->wq);
 	}
 	dirty = c->entries ? atomic_read(&c->nr_dirty) : 0;
 	if (dirty)
-		DMWARN("%s: dropping %d dirty blocks with the last table",
+		DMINFO("%s: %d dirty blocks stay in the cache device's metadata",
 		       c->name, dirty);
+	tc_meta_free(c);
 	bioset_exit(&c->bs);
 	tc_locks_exit(&c->locks);
 	tc_index_exit(c);
@@ -58,13 +61,15 @@ static int tc_cache_setup(struct tc_cache *c)
 	INIT_WORK(&c->discard_work, tc_discard_work);
 	mutex_init(&c->ctl_lock);
 	tc_flush_init(c);
+	tc_meta_init(c);
 	c->wq = alloc_workqueue("tiercache-%s", WQ_MEM_RECLAIM | WQ_UNBOUND, 0,
 				c->name);
 	return c->wq ? 0 : -ENOMEM;
 }
 
 static struct tc_cache *tc_cache_create(struct tc_target *t,
-					struct mapped_device *md, u32 nr_slots)
+					struct mapped_device *md, u32 nr_slots,
+					char **error)
 {
 	struct tc_cache *c = kzalloc(sizeof(*c), GFP_KERNEL);
 	int r;
@@ -83,15 +88,23 @@ static struct tc_cache *tc_cache_create(struct tc_target *t,
 	c->block_shift = ilog2(c->block_sectors);
 	c->nr_blocks = t->ti->len >> c->block_shift;
 	c->nr_slots = nr_slots;
-	c->data_start = 0;
+	c->data_start = 0;	/* set by tc_meta_open() */
 	c->mode = t->args.mode;
 	memcpy(c->val, t->val, sizeof(c->val));
 
 	r = tc_cache_setup(c);
 	if (r) {
+		*error = "Cannot allocate the cache state";
 		tc_cache_destroy(c);
 		return ERR_PTR(r);
 	}
+	r = tc_meta_open(c, t, error);
+	if (r) {
+		tc_cache_destroy(c);
+		return ERR_PTR(r);
+	}
+	c->data_start = c->meta.layout.data_start;
+	c->meta_loaded = true;
 	return c;
 }
 
@@ -143,9 +156,8 @@ struct tc_cache *tc_cache_get(struct tc_target *t, u32 nr_slots, char **error)
 			refcount_inc(&c->ref);
 		goto out;
 	}
-	c = tc_cache_create(t, md, nr_slots);
+	c = tc_cache_create(t, md, nr_slots, error);
 	if (IS_ERR(c)) {
-		*error = "Cannot allocate the cache state";
 		r = PTR_ERR(c);
 		goto out;
 	}

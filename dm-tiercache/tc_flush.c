@@ -486,6 +486,8 @@ static void tc_wb_batch_done(struct tc_cache *c, struct tc_wb_batch *batch)
 		tc_wb_release(c, req, !batch->status);
 	}
 	kfree(batch);
+	/* record the clean blocks, so that their slots can be reused */
+	tc_meta_kick(c);
 }
 
 static void tc_wb_write_done(struct tc_cache *c, struct tc_wb_req *req)

@@ -83,6 +83,9 @@ static bool tc_clock_try(struct tc_cache *c, struct tc_entry *e)
 		return false;
 	if (test_and_clear_bit(TC_E_REF, &e->flags))
 		return false;
+	/* dirty on disk until a commit says otherwise */
+	if (tc_meta_disk_dirty(c, tc_slot_of(c, e)))
+		return false;
 	if (!tc_trylock(&c->locks, &h, READ_ONCE(e->block), TC_LK_EXCL))
 		return false;
 	/* under the block lock the entry is stable: is it still this one? */
@@ -92,6 +95,7 @@ static bool tc_clock_try(struct tc_cache *c, struct tc_entry *e)
 	}
 	xa_erase(&c->index, h.block);
 	clear_bit(TC_E_VALID, &e->flags);
+	tc_meta_clear(c, tc_slot_of(c, e));
 	tc_unlock(&c->locks, &h);
 	return true;
 }
@@ -161,6 +165,8 @@ int tc_alloc_slot(struct tc_cache *c, u64 block, u32 *slot)
 
 void tc_free_slot(struct tc_cache *c, u32 slot)
 {
+	if (tc_meta_defer_free(c, slot))
+		return;		/* freed by the commit that records it */
 	spin_lock(&c->alloc_lock);
 	__clear_bit(slot, c->used_map);
 	c->nr_free++;
@@ -196,6 +202,7 @@ void tc_remove(struct tc_cache *c, struct tc_entry *e)
 		atomic_dec(&c->nr_dirty);
 	xa_erase(&c->index, e->block);
 	clear_bit(TC_E_VALID, &e->flags);
+	tc_meta_clear(c, tc_slot_of(c, e));
 	tc_free_slot(c, tc_slot_of(c, e));
 }
 
@@ -207,6 +214,8 @@ void tc_mark_dirty(struct tc_cache *c, struct tc_entry *e)
 		xa_set_mark(&c->index, e->block, TC_DIRTY);
 		atomic_inc(&c->nr_dirty);
 	}
+	/* the slot holds this block already: safe to record before the data */
+	tc_meta_set(c, tc_slot_of(c, e), e->block, true);
 }
 
 /*
@@ -222,5 +231,6 @@ bool tc_mark_clean(struct tc_cache *c, struct tc_entry *e, u64 block, u64 seq)
 		return false;
 	xa_clear_mark(&c->index, block, TC_DIRTY);
 	atomic_dec(&c->nr_dirty);
+	tc_meta_set(c, tc_slot_of(c, e), block, false);
 	return true;
 }

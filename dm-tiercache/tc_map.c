@@ -96,7 +96,21 @@ static bool tc_write_allocate(struct tc_cache *c, struct tc_bio *pb, u64 block)
 		tc_free_slot(c, pb->slot);
 		return false;
 	}
+	/* on disk only once the slot holds the data: see tc_end_io() */
+	pb->meta_new = true;
 	return true;
+}
+
+/* A write for the cache: a FUA one completes after a metadata commit. */
+static enum tc_action tc_write_cache(struct tc_cache *c, struct bio *bio,
+				     struct tc_bio *pb)
+{
+	tc_flush_check_watermark(c);
+	if (bio->bi_opf & REQ_FUA) {
+		pb->stage = TC_ST_FUA;
+		return TC_CONTINUE;
+	}
+	return TC_TO_CACHE;
 }
 
 static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
@@ -120,16 +134,13 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 			return TC_CONTINUE;
 		}
 		tc_mark_dirty(c, e);
-		tc_flush_check_watermark(c);
-		return TC_TO_CACHE;
+		return tc_write_cache(c, bio, pb);
 	}
 	atomic64_inc(&c->stats.write_misses);
 	if (!tc_writes_dirty(c))
 		return TC_TO_ORIGIN;
-	if (tc_whole_block(c, bio) && tc_write_allocate(c, pb, block)) {
-		tc_flush_check_watermark(c);
-		return TC_TO_CACHE;
-	}
+	if (tc_whole_block(c, bio) && tc_write_allocate(c, pb, block))
+		return tc_write_cache(c, bio, pb);
 	atomic64_inc(&c->stats.write_bypass);
 	return TC_TO_ORIGIN;
 }
@@ -163,6 +174,7 @@ static int tc_map_rw(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 			      tc_bio_lock_mode(c, bio, block), bio))
 		return DM_MAPIO_SUBMITTED;
 	pb->locked = true;
+	pb->block = block;
 
 	if (bio_data_dir(bio) == READ)
 		act = tc_read(c, bio, pb, block);
@@ -183,13 +195,17 @@ static int tc_map_rw(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 	return DM_MAPIO_KILL;
 }
 
-/* Empty flushes: bio 0 goes to the cache, bio 1 to the origin. */
+/*
+ * Empty flushes: bio 0 commits the metadata (which flushes the cache
+ * device first), bio 1 goes to the origin.
+ */
 static int tc_map_flush(struct tc_cache *c, struct bio *bio)
 {
-	if (dm_bio_get_target_bio_nr(bio) == 0)
-		bio_set_dev(bio, c->cache_bdev);
-	else
-		bio_set_dev(bio, c->origin_bdev);
+	if (dm_bio_get_target_bio_nr(bio) == 0) {
+		tc_meta_queue_bio(c, bio);
+		return DM_MAPIO_SUBMITTED;
+	}
+	bio_set_dev(bio, c->origin_bdev);
 	return DM_MAPIO_REMAPPED;
 }
 
@@ -211,6 +227,7 @@ int tc_map(struct dm_target *ti, struct bio *bio)
 
 	pb->c = c;
 	pb->locked = false;
+	pb->meta_new = false;
 	pb->stage = TC_ST_NEW;
 	pb->status = BLK_STS_OK;
 	pb->cache_status = BLK_STS_OK;
@@ -230,6 +247,11 @@ int tc_end_io(struct dm_target *ti, struct bio *bio, blk_status_t *error)
 {
 	struct tc_bio *pb = dm_per_bio_data(bio, sizeof(struct tc_bio));
 
+	if (pb->meta_new) {
+		pb->meta_new = false;
+		if (!*error)
+			tc_meta_set(pb->c, pb->slot, pb->block, true);
+	}
 	if (pb->locked) {
 		pb->locked = false;
 		tc_unlock(&pb->c->locks, &pb->holder);
@@ -259,6 +281,9 @@ static void tc_clone_ended(struct bio *clone, bool to_cache)
 	case TC_ST_PROMOTE:
 		pb->stage = pb->status ? TC_ST_PROMOTE_DONE :
 					 TC_ST_PROMOTE_WRITE;
+		break;
+	case TC_ST_FUA:
+		pb->stage = TC_ST_FUA_DONE;
 		break;
 	default:
 		pb->stage = TC_ST_PROMOTE_DONE;
@@ -330,8 +355,26 @@ static void tc_promote_done(struct tc_cache *c, struct bio *bio,
 	if (pb->status || pb->cache_status ||
 	    tc_insert(c, pb->slot, block, false, GFP_NOIO))
 		tc_free_slot(c, pb->slot);
+	else
+		tc_meta_set(c, pb->slot, block, false);
 	bio->bi_status = pb->status;
 	bio_endio(bio);
+}
+
+/* A FUA write is in the cache: record it, complete after a commit. */
+static void tc_fua_done(struct tc_cache *c, struct bio *bio,
+			struct tc_bio *pb)
+{
+	if (pb->cache_status) {
+		bio->bi_status = pb->cache_status;
+		bio_endio(bio);
+		return;
+	}
+	if (pb->meta_new) {
+		pb->meta_new = false;
+		tc_meta_set(c, pb->slot, pb->block, true);
+	}
+	tc_meta_queue_bio(c, bio);
 }
 
 static void tc_process(struct tc_cache *c, struct bio *bio)
@@ -367,6 +410,16 @@ static void tc_process(struct tc_cache *c, struct bio *bio)
 		break;
 	case TC_ST_PROMOTE_DONE:
 		tc_promote_done(c, bio, pb);
+		break;
+	case TC_ST_FUA:
+		atomic_set(&pb->pending, 1);
+		tc_submit_clone(c, bio, c->cache_bdev,
+				tc_cache_sector(c, pb->slot,
+						bio->bi_iter.bi_sector),
+				bio->bi_opf & ~REQ_FUA);
+		break;
+	case TC_ST_FUA_DONE:
+		tc_fua_done(c, bio, pb);
 		break;
 	}
 }

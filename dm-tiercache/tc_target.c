@@ -58,13 +58,16 @@ static int tc_get_devices(struct dm_target *ti, struct tc_target *t)
 	return 0;
 }
 
-/* Sizes: the origin must cover the target, the cache hold enough slots. */
+/*
+ * Sizes: the origin must cover the target, the cache device hold the
+ * metadata and enough slots.
+ */
 static int tc_check_sizes(struct dm_target *ti, struct tc_target *t,
 			  u32 *nr_slots)
 {
 	sector_t origin_size = bdev_nr_sectors(t->origin->bdev);
 	sector_t cache_size = bdev_nr_sectors(t->cache_dev->bdev);
-	u64 slots = cache_size >> ilog2(t->args.block_sectors);
+	struct tc_layout l;
 
 	if (ti->len > origin_size) {
 		ti->error = "The origin device is smaller than the target";
@@ -73,13 +76,16 @@ static int tc_check_sizes(struct dm_target *ti, struct tc_target *t,
 		      (unsigned long long)ti->len);
 		return -EINVAL;
 	}
-	if (slots < TC_MIN_SLOTS) {
+	if (tc_disk_layout(cache_size, t->args.block_sectors, &l) ||
+	    l.nr_slots < TC_MIN_SLOTS) {
 		ti->error = "The cache device is too small";
-		DMERR("Cache device too small: %llu blocks of %u sectors, at least %u needed",
-		      slots, t->args.block_sectors, TC_MIN_SLOTS);
+		DMERR("Cache device too small: %llu sectors hold %llu blocks of %u sectors and their metadata, at least %u needed",
+		      (unsigned long long)cache_size,
+		      tc_disk_layout(cache_size, t->args.block_sectors, &l) ?
+		      0ULL : l.nr_slots, t->args.block_sectors, TC_MIN_SLOTS);
 		return -EINVAL;
 	}
-	*nr_slots = min_t(u64, slots, U32_MAX);
+	*nr_slots = min_t(u64, l.nr_slots, U32_MAX);
 	return 0;
 }
 
@@ -271,6 +277,7 @@ static void tc_postsuspend(struct dm_target *ti)
 			      c->name, r, atomic_read(&c->nr_dirty));
 	}
 	tc_flush_stop(c);
+	tc_meta_commit(c);
 }
 
 static int tc_preresume(struct dm_target *ti)

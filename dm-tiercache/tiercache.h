@@ -19,6 +19,7 @@
 #include <linux/mutex.h>
 
 #include "tc_plan.h"
+#include "tc_disk.h"
 
 #define DM_MSG_PREFIX "tiercache"
 
@@ -45,6 +46,7 @@ enum tc_key {
 	TC_KEY_HIGH_WATERMARK,
 	TC_KEY_LOW_WATERMARK,
 	TC_KEY_FLUSH_ON_SUSPEND,
+	TC_KEY_COMMIT_MS,
 	TC_NR_KEYS,
 };
 
@@ -56,6 +58,7 @@ struct tc_args {
 	unsigned int block_sectors;
 	enum tc_mode mode;
 	bool mode_given;
+	bool format;			/* "format": not re-emitted */
 	unsigned int val[TC_NR_KEYS];
 	unsigned long given;		/* bit per enum tc_key */
 };
@@ -164,6 +167,31 @@ struct tc_flush {
 	unsigned long flushes;		/* full flushes completed */
 };
 
+/* ---- tc_meta.c: persistent metadata ---- */
+
+struct tc_meta {
+	struct tc_layout layout;
+	struct tc_disk_entry *image;	/* the entry area as it should be */
+	struct tc_disk_entry *shadow;	/* what the running commit writes */
+	unsigned long *changed;		/* metadata blocks changed */
+	unsigned long *snap;		/* blocks of the running commit */
+	unsigned long *disk_dirty;	/* slots maybe dirty on disk */
+	unsigned long *pending_free;	/* freed slots waiting for a commit */
+	spinlock_t lock;		/* image, changed, bitmaps, waiting */
+	struct mutex commit_lock;
+	u64 open_seq;			/* the commit new changes go to */
+	u64 committed_seq;
+	bool force_sb;			/* commit even if nothing changed */
+	int error;			/* first commit error */
+	atomic64_t commits;
+	u64 origin_sectors;
+	char uuid[TC_UUID_BYTES + 1];
+	struct tc_disk_sb *sb;		/* one page */
+	struct bio_list waiting;	/* flushes and FUA writes */
+	struct work_struct commit_work;
+	struct delayed_work timer_work;
+};
+
 /* ---- the shared cache state (tc_target.c owns its life) ---- */
 
 struct tc_cache {
@@ -214,6 +242,8 @@ struct tc_cache {
 
 	struct tc_stats stats;
 	struct tc_flush fl;
+	struct tc_meta meta;
+	bool meta_loaded;		/* formatted or loaded: commit at the end */
 };
 
 /* one table's target: arguments and device references */
@@ -240,6 +270,8 @@ enum tc_stage {
 	TC_ST_PROMOTE,		/* locked: read origin, then fill a slot */
 	TC_ST_PROMOTE_WRITE,	/* origin read ended: write the slot */
 	TC_ST_PROMOTE_DONE,	/* slot write ended: index it */
+	TC_ST_FUA,		/* locked: write the slot, then commit */
+	TC_ST_FUA_DONE,		/* slot write ended: wait for a commit */
 };
 
 struct tc_bio {
@@ -248,6 +280,8 @@ struct tc_bio {
 	bool locked;
 	enum tc_stage stage;
 	u32 slot;			/* for promotion */
+	u64 block;
+	bool meta_new;			/* record the new dirty slot at end_io */
 	atomic_t pending;		/* clones in flight */
 	blk_status_t status;
 	blk_status_t cache_status;
@@ -280,6 +314,20 @@ void tc_mark_dirty(struct tc_cache *c, struct tc_entry *e);
 bool tc_mark_clean(struct tc_cache *c, struct tc_entry *e, u64 block, u64 seq);
 u32 tc_slot_of(struct tc_cache *c, struct tc_entry *e);
 u32 tc_nr_used(struct tc_cache *c);
+
+/* ---- tc_meta.c ---- */
+
+void tc_meta_init(struct tc_cache *c);
+int tc_meta_open(struct tc_cache *c, struct tc_target *t, char **error);
+int tc_meta_close(struct tc_cache *c);
+void tc_meta_free(struct tc_cache *c);
+void tc_meta_set(struct tc_cache *c, u32 slot, u64 block, bool dirty);
+void tc_meta_clear(struct tc_cache *c, u32 slot);
+bool tc_meta_disk_dirty(struct tc_cache *c, u32 slot);
+bool tc_meta_defer_free(struct tc_cache *c, u32 slot);
+void tc_meta_queue_bio(struct tc_cache *c, struct bio *bio);
+void tc_meta_kick(struct tc_cache *c);
+int tc_meta_commit(struct tc_cache *c);
 
 /* ---- tc_map.c: bio dispatch ---- */
 

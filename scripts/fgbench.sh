@@ -51,11 +51,12 @@ trap cleanup EXIT
 
 modprobe dm-delay
 modprobe brd rd_nr=2 rd_size=$((CACHE_MIB * 1024))
+modprobe libcrc32c 2>/dev/null || true
 grep -q dm_tiercache /proc/modules || insmod "${TIERCACHE_KO:-$REPO/dm-tiercache/dm-tiercache.ko}"
 slow_sz=$((SLOW_MIB * 2048))
 dmsetup create fg-slow --table "0 $slow_sz delay /dev/ram0 0 0 /dev/ram0 0 $DELAYMS"
 dmsetup create fg-tc --table \
-	"0 $slow_sz tiercache /dev/mapper/fg-slow /dev/ram1 8 6 high_watermark 100 low_watermark 0 flush_depth 64"
+	"0 $slow_sz tiercache /dev/mapper/fg-slow /dev/ram1 8 7 format high_watermark 100 low_watermark 0 flush_depth 64"
 dmsetup mknodes
 dev=/dev/mapper/fg-tc
 

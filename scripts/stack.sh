@@ -447,7 +447,8 @@ validate_create() {
 		BLOCK_KB=${BLOCK_KB:-4}
 		{ tc_is_pow2 "$BLOCK_KB" && ((BLOCK_KB >= 4 && BLOCK_KB <= 1024)); } ||
 			tc_die "invalid block size ${BLOCK_KB} KiB for tiercache (power of two from 4 to 1024)"
-		((CACHE_MIB * 1024 >= 16 * BLOCK_KB)) || tc_die "cache too small: tiercache needs at least 16 blocks"
+		# 16 slots, a 4 KiB superblock and the entries, rounded up to a block
+		((CACHE_MIB * 1024 >= 17 * BLOCK_KB + 8)) || tc_die "cache too small: tiercache needs at least 16 blocks and its metadata"
 		MODE=${MODE:-writeback}
 		[[ $MODE =~ ^(writeback|writethrough|passthrough)$ ]] ||
 			tc_die "invalid mode '$MODE' for tiercache (writeback, writethrough or passthrough)" ;;
@@ -512,6 +513,7 @@ ensure_tiercache() {
 	for dep in $(modinfo -F depends "$TIERCACHE_KO" 2>/dev/null | tr ',' ' '); do
 		tc_modprobe "$dep"
 	done
+	modprobe libcrc32c 2>/dev/null || true	# insmod does not load dependencies
 	insmod "$TIERCACHE_KO" 2>/dev/null || tc_die "insmod $TIERCACHE_KO failed (see dmesg)"
 	have_target tiercache || tc_die "$TIERCACHE_KO loaded but no tiercache target registered"
 }
@@ -665,8 +667,9 @@ cmd_create() {
 	case $SYSTEM in
 	tiercache)
 		ensure_tiercache
-		nfeat=$((1 + ${#OPTS[@]}))
-		table="0 $sect tiercache $slow_dev $cache_dev $((BLOCK_KB * 2)) $nfeat $MODE${OPTS[*]:+ ${OPTS[*]}}"
+		# a new cache: "format" lays out the metadata on the cache device
+		nfeat=$((2 + ${#OPTS[@]}))
+		table="0 $sect tiercache $slow_dev $cache_dev $((BLOCK_KB * 2)) $nfeat format $MODE${OPTS[*]:+ ${OPTS[*]}}"
 		res_add dm "$NAME"
 		tc_dm_create "$NAME" "$table"
 		info_add TOP_DEV "/dev/mapper/$NAME"

@@ -42,6 +42,7 @@ modprobe null_blk nr_devices=0 || say "modprobe null_blk failed"
 # nothing in the guest (no systemd, no kmod static-nodes) loads loop on demand (losetup needs
 # /dev/loop-control)
 modprobe loop 2>/dev/null || say "modprobe loop failed"
+modprobe libcrc32c 2>/dev/null || say "modprobe libcrc32c failed"	# insmod does not load it
 if [ -f "$KO" ]; then
 	if insmod "$KO"; then
 		say "loaded $KO"

@@ -591,9 +591,11 @@ class TierCache(DmDevice):
 
     @staticmethod
     def make_table(origin, cache, block=8, mode=None, keys=(), length=None,
-                   nfeat=None):
+                   nfeat=None, fmt=True):
+        """fmt: add the 'format' feature argument (a new cache; not
+        re-emitted by dmsetup table, ignored by a reload)."""
         length = size_sectors(origin) if length is None else length
-        feat = ([mode] if mode else [])
+        feat = (["format"] if fmt else []) + ([mode] if mode else [])
         for k, v in (keys.items() if isinstance(keys, dict) else keys):
             feat += [k, str(v)]
         n = len(feat) if nfeat is None else nfeat
@@ -645,6 +647,7 @@ def ensure_module():
     if not KO.exists():
         pytest.fail(f"{KO} does not exist: the module was not built", pytrace=False)
     run(["modprobe", "dm-mod"], check=False)
+    run(["modprobe", "libcrc32c"], check=False)   # insmod does not resolve it
     p = run(["insmod", str(KO)], check=False)
     if p.returncode != 0 or not module_loaded():
         pytest.fail(f"insmod {KO} failed: {p.stderr.strip()}\n"
@@ -800,9 +803,10 @@ class Stack:
         return Setup(origin, cache, tc, model)
 
     def tiercache(self, origin, cache, block=8, mode=None, keys=(), name=None,
-                  length=None):
+                  length=None, fmt=True):
         ensure_module()
-        table = TierCache.make_table(origin, cache, block, mode, keys, length)
+        table = TierCache.make_table(origin, cache, block, mode, keys, length,
+                                     fmt=fmt)
         tc = self.dm(name or self._name("cache"), table, cls=TierCache,
                      origin=origin, cache=cache)
         # udev (virtme-ng starts it when present) probes a new disk

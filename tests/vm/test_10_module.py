@@ -116,7 +116,8 @@ def test_table_reemits_given_line(stack, block, cache_mib, feat):
     origin = stack.slow(64 * MiB)
     cache = stack.ram(cache_mib * MiB)
     n = size_sectors(origin.path)
-    line = f"0 {n} tiercache {origin.path} {cache} {block} {len(feat)} {' '.join(feat)}".strip()
+    # "format" makes a new cache and is not re-emitted
+    line = f"0 {n} tiercache {origin.path} {cache} {block} {len(feat) + 1} format {' '.join(feat)}".strip()
     tc = stack.dm("tc-table", line, cls=tclib.TierCache)
     got = tc.table_line().split()
     want = f"0 {n} tiercache {devno(origin.path)} {devno(cache)} {block} {len(feat)}".split()

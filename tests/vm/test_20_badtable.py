@@ -69,6 +69,9 @@ BAD = [
     ("high<default-low",   "{O} {C} 8 2 high_watermark 5",       r"low_watermark|high_watermark", None),
     ("flush_on_suspend-2", "{O} {C} 8 2 flush_on_suspend 2",     r"flush_on_suspend", None),
     ("flush_on_suspend-y", "{O} {C} 8 2 flush_on_suspend yes",   r"flush_on_suspend", None),
+    ("format-twice",       "{O} {C} 8 2 format format",          r"format", None),
+    ("commit_ms-0",        "{O} {C} 8 2 commit_ms 0",            r"commit_ms", None),
+    ("commit_ms-600001",   "{O} {C} 8 2 commit_ms 600001",       r"commit_ms", None),
 ]
 
 GOOD = [
@@ -88,14 +91,24 @@ GOOD = [
     ("all-keys",           "{O} {C} 8 13 writethrough flush_depth 2 max_flush_kb 128 "
                            "bridge_gap_kb 8 high_watermark 60 low_watermark 40 flush_on_suspend 1"),
     ("shorter-than-origin", "{O} {C} 8 0"),
+    ("commit_ms-1",        "{O} {C} 8 2 commit_ms 1"),
+    ("commit_ms-600000",   "{O} {C} 8 2 commit_ms 600000"),
 ]
+
+
+def with_format(args):
+    """The GOOD lines create caches: add the 'format' feature argument."""
+    w = args.split()
+    return " ".join(w[:3] + [str(int(w[3]) + 1), "format"] + w[4:])
 
 
 @pytest.fixture(scope="module")
 def devs(module_stack):
     st = module_stack
-    d = {"O": st.ram(64 * MiB), "C": st.ram(16 * MiB),
-         "S": st.ram(15 * 4096), "S16": st.ram(16 * 4096), "C8": st.ram(8 * MiB)}
+    # sizes count the metadata: a 4 KiB superblock, then 4 KiB of entries
+    # per 128 slots, rounded up to the block size
+    d = {"O": st.ram(64 * MiB), "C": st.ram(17 * MiB),
+         "S": st.ram(17 * 4096), "S16": st.ram(18 * 4096), "C8": st.ram(8 * MiB)}
     d["L"] = tclib.size_sectors(d["O"])
     return d
 
@@ -131,7 +144,7 @@ def test_bad_table_refused(devs, case, args, want, length):
 @pytest.mark.parametrize("case,args", GOOD, ids=[c[0] for c in GOOD])
 def test_boundary_table_accepted(devs, case, args):
     n = devs["L"] - (8 if case == "shorter-than-origin" else 0)
-    table = f"0 {n} tiercache " + args.format(**devs)
+    table = f"0 {n} tiercache " + with_format(args).format(**devs)
     p = create("tc-good", table)
     assert p.returncode == 0, f"refused: {table!r}: {p.stderr.strip()}\n" + \
         "\n".join(tclib.dmesg_lines()[-5:])

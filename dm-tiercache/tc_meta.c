@@ -1,0 +1,633 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * dm-tiercache: persistent metadata (format in tc_disk.h).
+ *
+ * The module keeps an image of the whole entry area in memory.  A change of
+ * a slot's entry updates the image and marks its 4 KiB metadata block
+ * changed.  A commit
+ *   1. flushes the cache device, so every data write that completed before
+ *      it is durable,
+ *   2. copies the changed blocks into a shadow image (the snapshot) and
+ *      writes them,
+ *   3. writes the superblock with the new commit sequence, with
+ *      REQ_PREFLUSH | REQ_FUA.
+ * Entries carry the sequence of the commit that wrote them; a commit that
+ * does not reach step 3 leaves entries the next load ignores.
+ *
+ * Commits run on REQ_PREFLUSH (the flush bio completes after it), after
+ * REQ_FUA writes (which complete after it), every commit_ms while anything
+ * changed, on suspend and when the last table goes.
+ *
+ * A slot that may be dirty on disk (disk_dirty) is not reused until a
+ * commit has recorded it otherwise: freeing it parks it in pending_free.
+ */
+#include <linux/vmalloc.h>
+#include <linux/slab.h>
+
+#include "tiercache.h"
+
+#define TC_META_MAX_REPORT	10
+
+static struct tc_disk_entry *tc_meta_entry(struct tc_disk_entry *base,
+					   u32 slot)
+{
+	return base + slot;
+}
+
+static void *tc_meta_mblock(struct tc_disk_entry *base, u64 mb)
+{
+	return (u8 *)base + mb * TC_MBLOCK_BYTES;
+}
+
+static bool tc_de_dirty(const struct tc_disk_entry *d)
+{
+	return le32_to_cpu(d->flags) & TC_DE_DIRTY;
+}
+
+/* ---- in-memory changes ---- */
+
+static void tc_meta_changed(struct tc_cache *c, u32 slot)
+{
+	struct tc_meta *m = &c->meta;
+
+	__set_bit(slot / TC_ENTRIES_PER_MBLOCK, m->changed);
+	if (!delayed_work_pending(&m->timer_work))
+		queue_delayed_work(c->wq, &m->timer_work,
+			msecs_to_jiffies(READ_ONCE(c->val[TC_KEY_COMMIT_MS])));
+}
+
+/* The slot now holds (a version of) @block; @dirty: newer than the origin. */
+void tc_meta_set(struct tc_cache *c, u32 slot, u64 block, bool dirty)
+{
+	struct tc_meta *m = &c->meta;
+	struct tc_disk_entry *d;
+	unsigned long flags;
+	u32 want = TC_DE_VALID | (dirty ? TC_DE_DIRTY : 0);
+
+	spin_lock_irqsave(&m->lock, flags);
+	d = tc_meta_entry(m->image, slot);
+	if (le64_to_cpu(d->block) != block || le32_to_cpu(d->flags) != want) {
+		tc_de_encode(d, slot, block, dirty, m->open_seq);
+		if (dirty)
+			__set_bit(slot, m->disk_dirty);
+		tc_meta_changed(c, slot);
+	}
+	spin_unlock_irqrestore(&m->lock, flags);
+}
+
+/* The slot holds nothing. */
+void tc_meta_clear(struct tc_cache *c, u32 slot)
+{
+	struct tc_meta *m = &c->meta;
+	struct tc_disk_entry *d;
+	unsigned long flags;
+
+	spin_lock_irqsave(&m->lock, flags);
+	d = tc_meta_entry(m->image, slot);
+	if (d->flags) {
+		tc_de_encode_empty(d);
+		tc_meta_changed(c, slot);
+	}
+	spin_unlock_irqrestore(&m->lock, flags);
+}
+
+/* May the slot be dirty on disk (so it must not take another block)? */
+bool tc_meta_disk_dirty(struct tc_cache *c, u32 slot)
+{
+	return test_bit(slot, c->meta.disk_dirty);
+}
+
+/* Freeing @slot: true if it waits for a commit (it stays allocated). */
+bool tc_meta_defer_free(struct tc_cache *c, u32 slot)
+{
+	struct tc_meta *m = &c->meta;
+	unsigned long flags;
+	bool defer;
+
+	spin_lock_irqsave(&m->lock, flags);
+	defer = test_bit(slot, m->disk_dirty);
+	if (defer)
+		__set_bit(slot, m->pending_free);
+	spin_unlock_irqrestore(&m->lock, flags);
+	return defer;
+}
+
+/* Complete @bio (a flush or a FUA write) once a commit has ended. */
+void tc_meta_queue_bio(struct tc_cache *c, struct bio *bio)
+{
+	struct tc_meta *m = &c->meta;
+	unsigned long flags;
+
+	spin_lock_irqsave(&m->lock, flags);
+	bio_list_add(&m->waiting, bio);
+	spin_unlock_irqrestore(&m->lock, flags);
+	queue_work(c->wq, &m->commit_work);
+}
+
+void tc_meta_kick(struct tc_cache *c)
+{
+	queue_work(c->wq, &c->meta.commit_work);
+}
+
+/* ---- commit ---- */
+
+/* Copy the changed blocks into the shadow; returns their commit sequence. */
+static u64 tc_meta_snapshot(struct tc_meta *m, bool *any)
+{
+	u64 mb, seq;
+
+	spin_lock_irq(&m->lock);
+	*any = m->force_sb || !bitmap_empty(m->changed, m->layout.meta_blocks);
+	m->force_sb = false;
+	bitmap_copy(m->snap, m->changed, m->layout.meta_blocks);
+	bitmap_zero(m->changed, m->layout.meta_blocks);
+	for_each_set_bit(mb, m->snap, m->layout.meta_blocks)
+		memcpy(tc_meta_mblock(m->shadow, mb),
+		       tc_meta_mblock(m->image, mb), TC_MBLOCK_BYTES);
+	seq = m->open_seq;
+	if (*any)
+		m->open_seq++;
+	spin_unlock_irq(&m->lock);
+	return seq;
+}
+
+/* A failed commit: its blocks are changed again. */
+static void tc_meta_unsnap(struct tc_meta *m)
+{
+	spin_lock_irq(&m->lock);
+	bitmap_or(m->changed, m->changed, m->snap, m->layout.meta_blocks);
+	spin_unlock_irq(&m->lock);
+}
+
+static int tc_meta_rw(struct tc_cache *c, void *buf, sector_t sector,
+		      unsigned int bytes, blk_opf_t opf)
+{
+	unsigned int nr = DIV_ROUND_UP(bytes, PAGE_SIZE);
+	unsigned int off;
+	struct bio *bio;
+	int r;
+
+	bio = bio_alloc(c->cache_bdev, nr, opf, GFP_NOIO);
+	bio->bi_iter.bi_sector = sector;
+	for (off = 0; off < bytes; off += PAGE_SIZE) {
+		void *p = (u8 *)buf + off;
+		struct page *pg = is_vmalloc_addr(p) ? vmalloc_to_page(p) :
+						       virt_to_page(p);
+
+		__bio_add_page(bio, pg, min_t(unsigned int, PAGE_SIZE,
+					      bytes - off), 0);
+	}
+	r = submit_bio_wait(bio);
+	bio_put(bio);
+	return r;
+}
+
+/* Write the snapshot's blocks, runs of adjacent ones in one bio. */
+static int tc_meta_write_blocks(struct tc_cache *c)
+{
+	struct tc_meta *m = &c->meta;
+	u64 n = m->layout.meta_blocks;
+	u64 mb = find_first_bit(m->snap, n);
+	int r;
+
+	while (mb < n) {
+		u64 end = find_next_zero_bit(m->snap, n, mb);
+
+		end = min_t(u64, end, mb + BIO_MAX_VECS);
+		r = tc_meta_rw(c, tc_meta_mblock(m->shadow, mb),
+			       m->layout.meta_start + mb * TC_MBLOCK_SECTORS,
+			       (end - mb) * TC_MBLOCK_BYTES,
+			       REQ_OP_WRITE | REQ_SYNC);
+		if (r)
+			return r;
+		mb = find_next_bit(m->snap, n, end);
+	}
+	return 0;
+}
+
+static int tc_meta_write_sb(struct tc_cache *c, u64 seq)
+{
+	struct tc_meta *m = &c->meta;
+	struct tc_sb_info i = {
+		.layout = m->layout,
+		.commit_seq = seq,
+		.origin_sectors = m->origin_sectors,
+	};
+
+	memcpy(i.uuid, m->uuid, sizeof(i.uuid));
+	tc_sb_encode(m->sb, &i);
+	return tc_meta_rw(c, m->sb, 0, PAGE_SIZE,
+			  REQ_OP_WRITE | REQ_SYNC | REQ_PREFLUSH | REQ_FUA);
+}
+
+/* After a commit: forget disk dirtiness it cleared, release parked slots. */
+static void tc_meta_after_commit(struct tc_cache *c)
+{
+	struct tc_meta *m = &c->meta;
+	u64 mb;
+	u32 s, first, last;
+
+	for_each_set_bit(mb, m->snap, m->layout.meta_blocks) {
+		first = mb * TC_ENTRIES_PER_MBLOCK;
+		last = min_t(u64, first + TC_ENTRIES_PER_MBLOCK,
+			     m->layout.nr_slots);
+		for (s = first; s < last; s++) {
+			bool release = false;
+
+			spin_lock_irq(&m->lock);
+			if (!tc_de_dirty(tc_meta_entry(m->shadow, s)) &&
+			    !tc_de_dirty(tc_meta_entry(m->image, s)))
+				__clear_bit(s, m->disk_dirty);
+			if (test_bit(s, m->pending_free) &&
+			    !test_bit(s, m->disk_dirty)) {
+				__clear_bit(s, m->pending_free);
+				release = true;
+			}
+			spin_unlock_irq(&m->lock);
+			if (release)
+				tc_free_slot(c, s);
+		}
+		cond_resched();
+	}
+}
+
+static void tc_meta_end_bios(struct bio_list *bios, int r)
+{
+	struct bio *bio;
+
+	while ((bio = bio_list_pop(bios))) {
+		if (r)
+			bio->bi_status = errno_to_blk_status(r);
+		bio_endio(bio);
+	}
+}
+
+int tc_meta_commit(struct tc_cache *c)
+{
+	struct tc_meta *m = &c->meta;
+	struct bio_list bios;
+	bool any;
+	u64 seq;
+	int r;
+
+	mutex_lock(&m->commit_lock);
+	spin_lock_irq(&m->lock);
+	bios = m->waiting;
+	bio_list_init(&m->waiting);
+	spin_unlock_irq(&m->lock);
+
+	r = blkdev_issue_flush(c->cache_bdev);
+	if (!r) {
+		seq = tc_meta_snapshot(m, &any);
+		if (any) {
+			r = tc_meta_write_blocks(c);
+			if (!r)
+				r = tc_meta_write_sb(c, seq);
+			if (r) {
+				tc_meta_unsnap(m);
+			} else {
+				m->committed_seq = seq;
+				atomic64_inc(&m->commits);
+				tc_meta_after_commit(c);
+			}
+		}
+	}
+	if (r && !m->error) {
+		m->error = r;
+		DMERR("%s: metadata commit failed (%d)", c->name, r);
+	}
+	mutex_unlock(&m->commit_lock);
+	tc_meta_end_bios(&bios, r);
+	return r;
+}
+
+static void tc_meta_commit_work(struct work_struct *w)
+{
+	struct tc_meta *m = container_of(w, struct tc_meta, commit_work);
+
+	tc_meta_commit(container_of(m, struct tc_cache, meta));
+}
+
+static void tc_meta_timer_work(struct work_struct *w)
+{
+	struct tc_meta *m = container_of(to_delayed_work(w), struct tc_meta,
+					 timer_work);
+
+	tc_meta_commit(container_of(m, struct tc_cache, meta));
+}
+
+/* ---- open: format or load ---- */
+
+static int tc_meta_alloc(struct tc_meta *m)
+{
+	u64 n = m->layout.meta_blocks;
+
+	m->image = vzalloc(n * TC_MBLOCK_BYTES);
+	m->shadow = vzalloc(n * TC_MBLOCK_BYTES);
+	m->changed = bitmap_zalloc(n, GFP_KERNEL);
+	m->snap = bitmap_zalloc(n, GFP_KERNEL);
+	m->disk_dirty = bitmap_zalloc(m->layout.nr_slots, GFP_KERNEL);
+	m->pending_free = bitmap_zalloc(m->layout.nr_slots, GFP_KERNEL);
+	m->sb = (void *)get_zeroed_page(GFP_KERNEL);
+	if (!m->image || !m->shadow || !m->changed || !m->snap ||
+	    !m->disk_dirty || !m->pending_free || !m->sb)
+		return -ENOMEM;
+	return 0;
+}
+
+void tc_meta_free(struct tc_cache *c)
+{
+	struct tc_meta *m = &c->meta;
+
+	vfree(m->image);
+	vfree(m->shadow);
+	bitmap_free(m->changed);
+	bitmap_free(m->snap);
+	bitmap_free(m->disk_dirty);
+	bitmap_free(m->pending_free);
+	free_page((unsigned long)m->sb);
+	m->image = NULL;
+	m->sb = NULL;
+}
+
+void tc_meta_init(struct tc_cache *c)
+{
+	struct tc_meta *m = &c->meta;
+
+	spin_lock_init(&m->lock);
+	mutex_init(&m->commit_lock);
+	bio_list_init(&m->waiting);
+	INIT_WORK(&m->commit_work, tc_meta_commit_work);
+	INIT_DELAYED_WORK(&m->timer_work, tc_meta_timer_work);
+}
+
+/* Stop the timer and write what changed: the last table is going. */
+int tc_meta_close(struct tc_cache *c)
+{
+	struct tc_meta *m = &c->meta;
+
+	if (!m->image)
+		return 0;
+	cancel_delayed_work_sync(&m->timer_work);
+	flush_work(&m->commit_work);
+	return tc_meta_commit(c);
+}
+
+static int tc_meta_format(struct tc_cache *c, char **error)
+{
+	struct tc_meta *m = &c->meta;
+	int r;
+
+	r = blkdev_issue_zeroout(c->cache_bdev, m->layout.meta_start,
+				 m->layout.meta_blocks * TC_MBLOCK_SECTORS,
+				 GFP_KERNEL, 0);
+	if (!r)
+		r = tc_meta_write_sb(c, 1);
+	if (r) {
+		*error = "Cannot format the cache device (write error)";
+		DMERR("%s: formatting the cache device failed: %d", c->name, r);
+		return r;
+	}
+	m->committed_seq = 1;
+	m->open_seq = 2;
+	DMINFO("%s: formatted the cache device: %llu slots, data from sector %llu",
+	       c->name, m->layout.nr_slots, m->layout.data_start);
+	return 0;
+}
+
+static void tc_meta_report(struct tc_cache *c, u32 slot, enum tc_de_result r,
+			   unsigned int *nr_bad)
+{
+	if (++*nr_bad <= TC_META_MAX_REPORT)
+		DMERR("%s: corrupt metadata entry for slot %u: %s", c->name,
+		      slot, tc_de_result_str(r));
+}
+
+/* Index one committed dirty block found on disk. */
+static int tc_meta_load_dirty(struct tc_cache *c, u32 slot, u64 block)
+{
+	struct tc_entry *other = tc_lookup(c, block);
+	int r;
+
+	if (other) {
+		DMERR("%s: corrupt metadata: block %llu is dirty in slots %u and %u",
+		      c->name, block, tc_slot_of(c, other), slot);
+		return -EUCLEAN;
+	}
+	r = tc_insert(c, slot, block, true, GFP_KERNEL);
+	if (r)
+		return r;
+	__set_bit(slot, c->used_map);
+	c->nr_free--;
+	__set_bit(slot, c->meta.disk_dirty);
+	return 0;
+}
+
+/*
+ * Read the entries and index the committed dirty blocks.  Entries of a
+ * commit that did not finish are reset in the image, so the first commit
+ * rewrites them before its sequence could make them look committed.
+ */
+static int tc_meta_load_entries(struct tc_cache *c, char **error)
+{
+	struct tc_meta *m = &c->meta;
+	unsigned int nr_bad = 0, nr_dirty = 0, nr_stale = 0;
+	struct tc_de_info info;
+	u32 s;
+	int r;
+
+	r = tc_meta_rw(c, m->image, m->layout.meta_start,
+		       m->layout.meta_blocks * TC_MBLOCK_BYTES, REQ_OP_READ);
+	if (r) {
+		*error = "Cannot read the cache metadata";
+		return r;
+	}
+	for (s = 0; s < m->layout.nr_slots; s++) {
+		struct tc_disk_entry *d = tc_meta_entry(m->image, s);
+		enum tc_de_result res = tc_de_decode(d, s, c->nr_blocks,
+						     m->committed_seq, &info);
+
+		switch (res) {
+		case TC_DE_EMPTY:
+		case TC_DE_CLEAN:
+			break;
+		case TC_DE_UNCOMMITTED:
+			tc_de_encode_empty(d);
+			__set_bit(s / TC_ENTRIES_PER_MBLOCK, m->changed);
+			nr_stale++;
+			break;
+		case TC_DE_DIRTY_OK:
+			r = tc_meta_load_dirty(c, s, info.block);
+			if (r == -EUCLEAN)
+				nr_bad++;
+			else if (r)
+				return r;
+			nr_dirty++;
+			break;
+		default:
+			tc_meta_report(c, s, res, &nr_bad);
+			break;
+		}
+	}
+	if (nr_bad) {
+		*error = "Cache metadata has corrupt entries (see the kernel log; tiercache check)";
+		DMERR("%s: %u corrupt metadata entries: refusing to load", c->name,
+		      nr_bad);
+		return -EUCLEAN;
+	}
+	DMINFO("%s: loaded %u dirty blocks (commit %llu), ignored %u uncommitted entries",
+	       c->name, nr_dirty, m->committed_seq, nr_stale);
+	return 0;
+}
+
+/* Does the superblock belong to this table? */
+static int tc_meta_check_sb(struct tc_cache *c, const struct tc_sb_info *i,
+			    char **error)
+{
+	struct tc_meta *m = &c->meta;
+
+	if (i->layout.block_sectors != c->block_sectors) {
+		*error = "Block size differs from the one the cache was formatted with";
+		DMERR("%s: the cache was formatted with %u-sector blocks, the table says %u",
+		      c->name, i->layout.block_sectors, c->block_sectors);
+		return -EINVAL;
+	}
+	if (i->layout.nr_slots != m->layout.nr_slots) {
+		*error = "Cache device size differs from the formatted size";
+		DMERR("%s: the cache was formatted for %llu slots, the device holds %llu",
+		      c->name, i->layout.nr_slots, m->layout.nr_slots);
+		return -EINVAL;
+	}
+	if (i->origin_sectors != m->origin_sectors) {
+		*error = "The cache belongs to an origin of another size";
+		DMERR("%s: the cache was formatted for an origin of %llu sectors, the table maps %llu",
+		      c->name, i->origin_sectors, m->origin_sectors);
+		return -EINVAL;
+	}
+	if (i->uuid[0] && m->uuid[0] && strcmp(i->uuid, m->uuid)) {
+		*error = "The cache belongs to another device (uuid differs)";
+		DMERR("%s: the cache belongs to device uuid '%s', this one is '%s'",
+		      c->name, i->uuid, m->uuid);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int tc_meta_load(struct tc_cache *c, const struct tc_sb_info *i,
+			char **error)
+{
+	struct tc_meta *m = &c->meta;
+	int r;
+
+	r = tc_meta_check_sb(c, i, error);
+	if (r)
+		return r;
+	m->committed_seq = i->commit_seq;
+	m->open_seq = i->commit_seq + 1;
+	r = tc_meta_load_entries(c, error);
+	if (r)
+		return r;
+	/* keep the stored identity unless this table names one */
+	if (!m->uuid[0])
+		memcpy(m->uuid, i->uuid, sizeof(m->uuid));
+	m->force_sb = true;	/* a new sequence before any IO */
+	r = tc_meta_commit(c);
+	if (r)
+		*error = "Cannot write the cache metadata";
+	return r;
+}
+
+/* Count the committed dirty entries of a cache about to be formatted. */
+static int tc_meta_count_dirty(struct tc_cache *c, const struct tc_sb_info *i,
+			       u64 *dirty)
+{
+	struct tc_meta *m = &c->meta;
+	struct tc_de_info info;
+	u32 s;
+	int r;
+
+	*dirty = 0;
+	if (i->layout.nr_slots != m->layout.nr_slots)
+		return 0;	/* another geometry: count in its own layout */
+	r = tc_meta_rw(c, m->image, m->layout.meta_start,
+		       m->layout.meta_blocks * TC_MBLOCK_BYTES, REQ_OP_READ);
+	if (r)
+		return r;
+	for (s = 0; s < m->layout.nr_slots; s++)
+		if (tc_de_decode(tc_meta_entry(m->image, s), s, U64_MAX,
+				 i->commit_seq, &info) == TC_DE_DIRTY_OK)
+			(*dirty)++;
+	memset(m->image, 0, m->layout.meta_blocks * TC_MBLOCK_BYTES);
+	return 0;
+}
+
+/* "format" over a valid superblock: only if no dirty data would be lost. */
+static int tc_meta_may_format(struct tc_cache *c, const struct tc_sb_info *i,
+			      char **error)
+{
+	u64 dirty;
+	int r;
+
+	r = tc_meta_count_dirty(c, i, &dirty);
+	if (r) {
+		*error = "Cannot read the cache metadata";
+		return r;
+	}
+	if (i->layout.nr_slots != c->meta.layout.nr_slots || dirty) {
+		*error = "Cache device holds dirty blocks: 'format' refused (load it without 'format', or write them back first)";
+		DMERR("%s: format refused: the cache device holds %llu committed dirty blocks (%s)",
+		      c->name, dirty, dirty ? "load it without 'format'" :
+		      "in another geometry: check it with 'tiercache check'");
+		return -EBUSY;
+	}
+	return 0;
+}
+
+/*
+ * Set up the metadata of a new cache state: read the superblock, then
+ * format (if asked and safe) or load.  Nothing is written on a refusal.
+ */
+int tc_meta_open(struct tc_cache *c, struct tc_target *t, char **error)
+{
+	struct tc_meta *m = &c->meta;
+	struct mapped_device *md = dm_table_get_md(t->ti->table);
+	char name[DM_NAME_LEN];
+	struct tc_sb_info i;
+	enum tc_sb_result res;
+	int r;
+
+	BUILD_BUG_ON(sizeof(struct tc_disk_sb) != 512);
+	BUILD_BUG_ON(sizeof(struct tc_disk_entry) != 32);
+	BUILD_BUG_ON(TC_MBLOCK_BYTES != PAGE_SIZE);
+
+	tc_disk_layout(bdev_nr_sectors(c->cache_bdev), c->block_sectors,
+		       &m->layout);
+	m->origin_sectors = c->target_len;
+	if (dm_copy_name_and_uuid(md, name, m->uuid))
+		m->uuid[0] = 0;
+	r = tc_meta_alloc(m);
+	if (r) {
+		*error = "Cannot allocate the metadata image";
+		return r;
+	}
+	r = tc_meta_rw(c, m->sb, 0, PAGE_SIZE, REQ_OP_READ);
+	if (r) {
+		*error = "Cannot read the cache superblock";
+		return r;
+	}
+	res = tc_sb_decode(m->sb, &i);
+	if (res == TC_SB_OK && t->args.format)
+		r = tc_meta_may_format(c, &i, error);
+	if (r)
+		return r;
+	if (res == TC_SB_OK && !t->args.format)
+		return tc_meta_load(c, &i, error);
+	if (t->args.format)
+		return tc_meta_format(c, error);
+	if (res == TC_SB_BLANK)
+		*error = "No tiercache superblock on the cache device: add the 'format' feature argument to create a new cache";
+	else
+		*error = "Cache superblock unusable (see the kernel log; tiercache check)";
+	DMERR("%s: cache device: %s", c->name, tc_sb_result_str(res));
+	return -EINVAL;
+}

@@ -1,0 +1,233 @@
+# SPDX-License-Identifier: GPL-2.0
+"""Persistent metadata: format, load, refusals, corruption, crash.
+
+The on-disk format is dm-tiercache/tc_disk.h: a superblock in sector 0,
+32-byte entries from sector 8, slot data from data_start.
+"""
+
+import os
+import random
+import struct
+
+import pytest
+
+import tclib
+from tclib import MiB, KiB
+
+pytestmark = [pytest.mark.module, pytest.mark.usefixtures("tc_module")]
+
+B = 4096
+ENTRY = struct.Struct("<QQIIII")        # block, seq, slot, flags, csum, reserved
+DE_DIRTY = 2
+
+
+def table(origin, cache, fmt, keys=(), block=8, length=None):
+    return tclib.TierCache.make_table(origin, cache, block, "writeback", keys,
+                                      length, fmt=fmt)
+
+
+def try_create(name, tbl, uuid=None):
+    """dmsetup create; on success remove again.  Returns (rc, new log lines)."""
+    cur = tclib.KmsgCursor()
+    cmd = ["dmsetup", "create", name] + (["-u", uuid] if uuid else []) + ["--table", tbl]
+    p = tclib.run(cmd, check=False)
+    if p.returncode == 0:
+        tclib.run(["dmsetup", "remove", "--retry", name])
+    return p.returncode, "\n".join(cur.lines())
+
+
+def write_blocks(path, blocks, model, tag):
+    """One seeded 4 KiB write per block, in the given order; updates model."""
+    for b in blocks:
+        data = random.Random(f"{tag}-{b}").randbytes(B)
+        tclib.write_direct(path, b * B, data)
+        model.data[b * B:(b + 1) * B] = data
+
+
+def dirty_entries(cache):
+    """(slot, block) of the dirty entries on the cache device."""
+    sb = tclib.read_direct(cache, 0, B)
+    nr_slots = struct.unpack_from("<Q", sb, 32)[0]
+    raw = tclib.read_direct(cache, 8 * 512, (nr_slots * 32 + B - 1) // B * B)
+    out = []
+    for s in range(nr_slots):
+        blk, _seq, slot, flags, _c, _r = ENTRY.unpack_from(raw, s * 32)
+        if flags & DE_DIRTY:
+            assert slot == s
+            out.append((s, blk))
+    return out
+
+
+def flip(path, offset):
+    b = bytearray(tclib.read_direct(path, offset // 512 * 512, 512))
+    b[offset % 512] ^= 0x20
+    tclib.write_direct(path, offset // 512 * 512, bytes(b))
+
+
+def test_blank_cache_needs_format_and_is_not_touched(stack):
+    origin = stack.slow(16 * MiB)
+    cache = stack.ram(4 * MiB)
+    before = tclib.read_direct(cache, 0, 256 * KiB)
+    rc, log = try_create("tc-p-blank", table(origin.path, cache, fmt=False))
+    assert rc != 0, "a blank cache device was accepted without 'format'"
+    assert "format" in log and "superblock" in log, log
+    assert tclib.read_direct(cache, 0, 256 * KiB) == before, "a refusal wrote to the cache"
+    rc, log = try_create("tc-p-blank", table(origin.path, cache, fmt=True))
+    assert rc == 0, log
+    assert tclib.read_direct(cache, 0, 512)[:8] == b"TIERCACH"
+
+
+def test_dirty_blocks_survive_remove_and_module_reload(stack):
+    origin = stack.slow(32 * MiB)
+    m = tclib.seeded_origin(origin.path, seed=801)
+    cache = stack.ram(8 * MiB)
+    tc = stack.tiercache(origin.path, cache, 8, "writeback")
+    blocks = random.Random(802).sample(range(32 * MiB // B), 500)
+    write_blocks(tc.path, blocks, m, "a")
+    st = tc.status()
+    assert st["dirty"] == 500, st["raw"]
+    w0 = tclib.block_stat(origin.path)["writes"]
+    tc.remove()
+    assert tclib.block_stat(origin.path)["writes"] == w0, \
+        "removing the table wrote dirty blocks to the origin"
+    assert len(dirty_entries(cache)) == 500
+    tclib.unload_module()
+    tclib.ensure_module()
+
+    tc2 = stack.dm("tc-p-again", table(origin.path, cache, fmt=False), cls=tclib.TierCache)
+    st = tc2.status()
+    # clean entries are not loaded (reads since may have promoted some)
+    assert st["dirty"] == 500 and st["used"] >= 500, st["raw"]
+    m.verify_device(tc2.path, what="after reload: through the cache")
+    tc2.flush()
+    tc2.remove()
+    m.verify_device(origin.path, what="origin after the flush")
+    assert dirty_entries(cache) == [], "the flush was not recorded on disk"
+
+
+def test_format_refused_while_dirty_then_load_and_reformat(stack):
+    origin = stack.slow(16 * MiB)
+    m = tclib.seeded_origin(origin.path, seed=811)
+    cache = stack.ram(4 * MiB)
+    tc = stack.tiercache(origin.path, cache, 8, "writeback")
+    write_blocks(tc.path, random.Random(812).sample(range(4096), 100), m, "f")
+    tc.remove()
+    sb = tclib.read_direct(cache, 0, B)
+    rc, log = try_create("tc-p-fmt", table(origin.path, cache, fmt=True))
+    assert rc != 0 and "dirty" in log, log
+    assert tclib.read_direct(cache, 0, B) == sb, "a refused format wrote the superblock"
+    tc2 = stack.dm("tc-p-load", table(origin.path, cache, fmt=False), cls=tclib.TierCache)
+    assert tc2.status()["dirty"] == 100
+    m.verify_device(tc2.path)
+    tc2.flush()
+    tc2.remove()
+    rc, log = try_create("tc-p-fmt", table(origin.path, cache, fmt=True))
+    assert rc == 0, f"format of a clean cache refused: {log}"
+    m.verify_device(origin.path)
+
+
+def test_other_geometry_or_device_refused(stack):
+    origin = stack.slow(16 * MiB)
+    m = tclib.seeded_origin(origin.path, seed=821)
+    cache = stack.ram(4 * MiB)
+    n = tclib.size_sectors(origin.path)
+    tclib.run(["dmsetup", "create", "tc-p-geo", "-u", "TC-UUID-A", "--table",
+               table(origin.path, cache, fmt=True)])
+    tclib.run(["dmsetup", "mknodes", "tc-p-geo"], quiet=True)
+    write_blocks("/dev/mapper/tc-p-geo", range(10, 30), m, "g")
+    tclib.run(["dmsetup", "remove", "--retry", "tc-p-geo"])
+    sb = tclib.read_direct(cache, 0, B)
+    for what, tbl, uuid, want in [
+            ("block size", table(origin.path, cache, False, block=16), None, "lock size"),
+            ("length", table(origin.path, cache, False, length=n - 8), None, "origin"),
+            ("uuid", table(origin.path, cache, False), "TC-UUID-B", "uuid")]:
+        rc, log = try_create("tc-p-geo", tbl, uuid)
+        assert rc != 0, f"{what}: another {what} was accepted"
+        assert want in log, f"{what}: refusal does not say why: {log}"
+        assert tclib.read_direct(cache, 0, B) == sb, f"{what}: refusal wrote the superblock"
+    rc, log = try_create("tc-p-geo", table(origin.path, cache, False), "TC-UUID-A")
+    assert rc == 0, log
+
+
+def test_corrupt_superblock_or_entry_refused(stack):
+    origin = stack.slow(16 * MiB)
+    m = tclib.seeded_origin(origin.path, seed=831)
+    cache = stack.ram(4 * MiB)
+    tc = stack.tiercache(origin.path, cache, 8, "writeback")
+    write_blocks(tc.path, random.Random(832).sample(range(4096), 50), m, "c")
+    tc.remove()
+    good = tclib.read_direct(cache, 0, 64 * KiB)
+    tbl = table(origin.path, cache, fmt=False)
+
+    flip(cache, 40)                                     # nr_slots
+    rc, log = try_create("tc-p-bad", tbl)
+    assert rc != 0 and "checksum" in log, log
+    tclib.write_direct(cache, 0, good)
+
+    slot, _blk = dirty_entries(cache)[7]
+    flip(cache, 8 * 512 + slot * 32 + 1)               # the entry's block
+    rc, log = try_create("tc-p-bad", tbl)
+    assert rc != 0, "a corrupt entry was loaded"
+    assert f"slot {slot}: checksum mismatch" in log, log
+    tclib.write_direct(cache, 0, good)
+
+    tc2 = stack.dm("tc-p-good", tbl, cls=tclib.TierCache)
+    assert tc2.status()["dirty"] == 50
+    m.verify_device(tc2.path)
+
+
+def test_crash_keeps_exactly_the_last_commit(stack):
+    """Writes acknowledged before a flush (or with FUA) survive a power cut
+    of the cache device; later writes are not reported dirty."""
+    origin = stack.slow(32 * MiB)
+    m = tclib.seeded_origin(origin.path, seed=841)
+    original = bytes(m.data)
+    cache_ram = stack.ram(8 * MiB)
+    cache = stack.linear(cache_ram)
+    keys = {"commit_ms": 600000, "high_watermark": 100, "low_watermark": 0}
+    tc = stack.tiercache(origin.path, cache.path, 8, "writeback", keys=keys)
+    rng = random.Random(842)
+    pool = rng.sample(range(32 * MiB // B), 501)
+    a, f, new = pool[:300], pool[300], pool[301:]
+    write_blocks(tc.path, a, m, "a")
+    fd = os.open(tc.path, os.O_RDWR)
+    os.fsync(fd)                                        # REQ_PREFLUSH: a commit
+    os.close(fd)
+    after_a = bytes(m.data)
+    fdata = random.Random(843).randbytes(B)            # one FUA write
+    buf = tclib.aligned_buf(B)
+    buf[:B] = fdata
+    fd = os.open(tc.path, os.O_WRONLY | os.O_DIRECT | os.O_DSYNC)
+    assert os.pwrite(fd, memoryview(buf)[:B], f * B) == B
+    os.close(fd)
+    b = a[:100] + new                                   # rewrites and new blocks, no flush
+    write_blocks(tc.path, b, m, "b")
+    assert tc.status()["dirty"] == 300 + 1 + 200
+
+    # power cut: from here the cache device drops every write
+    cache.reload(stack.flakey_table(cache_ram, up=0, down=3600, features=["drop_writes"]))
+    tc.remove()
+    cache.reload(f"0 {tclib.size_sectors(cache_ram)} linear {cache_ram} 0")
+
+    tc2 = stack.dm("tc-p-crash", table(origin.path, cache.path, fmt=False),
+                   cls=tclib.TierCache)
+    st = tc2.status()
+    assert st["dirty"] == 301, f"after the crash: {st['raw']} (want the 301 committed blocks)"
+
+    def check(path, what):
+        for blk in a[100:]:
+            tclib.compare(after_a[blk * B:(blk + 1) * B], tclib.read_direct(path, blk * B, B),
+                          blk * B, f"{what}: block flushed before the crash")
+        for blk in a[:100]:                             # either version
+            got = tclib.read_direct(path, blk * B, B)
+            assert got in (after_a[blk * B:(blk + 1) * B], bytes(m.data[blk * B:(blk + 1) * B])), \
+                f"{what}: rewritten block {blk} holds neither version"
+        tclib.compare(fdata, tclib.read_direct(path, f * B, B), f * B, f"{what}: FUA block")
+        for blk in new:
+            tclib.compare(original[blk * B:(blk + 1) * B], tclib.read_direct(path, blk * B, B),
+                          blk * B, f"{what}: unflushed new block must read the old data")
+
+    check(tc2.path, "through the cache")
+    tc2.flush()
+    tc2.remove()
+    check(origin.path, "origin after the flush")
