@@ -426,7 +426,8 @@ impl AlignedBuf {
             .expect("buffer layout");
         // SAFETY: non-zero size.
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = std::ptr::NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        let ptr =
+            std::ptr::NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
         AlignedBuf { ptr, layout }
     }
     fn as_slice(&self) -> &[u8] {
@@ -451,9 +452,11 @@ impl Drop for AlignedBuf {
 pub enum Access {
     /// Read only, shared: the device may be in use.
     Read,
-    /// Read and write, and for block devices an exclusive open (O_EXCL):
+    /// Read only, and for block devices an exclusive open (O_EXCL):
     /// refused while the device is mounted or held by a device-mapper
     /// device, and no one can claim it while we hold it.
+    ReadExclusive,
+    /// Read and write, exclusive as above.
     WriteExclusive,
 }
 
@@ -513,9 +516,9 @@ impl Dev {
         }
         if access == Access::WriteExclusive {
             oo.write(true);
-            if blk {
-                flags |= libc::O_EXCL;
-            }
+        }
+        if access != Access::Read && blk {
+            flags |= libc::O_EXCL;
         }
         oo.custom_flags(flags);
         let file = oo.open(path).map_err(|e| match e.raw_os_error() {
@@ -537,9 +540,9 @@ impl Dev {
         })?;
         let size = if blk {
             use std::io::{Seek, SeekFrom};
-            (&file).seek(SeekFrom::End(0)).map_err(|e| {
-                unreadable(format!("{path}: cannot get the size: {}", io_msg(&e)))
-            })?
+            (&file)
+                .seek(SeekFrom::End(0))
+                .map_err(|e| unreadable(format!("{path}: cannot get the size: {}", io_msg(&e))))?
         } else {
             md.len()
         };
@@ -760,6 +763,14 @@ pub struct BadEntry {
     pub slot: u64,
     pub state: EntryState,
     pub reason: &'static str,
+    /// What the entry says, when the decoder got that far (an origin
+    /// block out of range).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dirty: Option<bool>,
     /// The 32 bytes of the entry, in hex.
     pub raw: String,
 }
@@ -791,6 +802,22 @@ pub struct Survey {
 }
 
 impl Survey {
+    /// Committed dirty entries as the module counts them before a
+    /// `format` (any origin block: it does not know the old origin's
+    /// size), which it refuses if there are any.
+    pub fn dirty_for_format(&self, commit_seq: u64) -> u64 {
+        self.counts.dirty
+            + self
+                .corrupt
+                .iter()
+                .filter(|b| {
+                    b.state == EntryState::BadBlock
+                        && b.dirty == Some(true)
+                        && b.seq.is_some_and(|q| q <= commit_seq)
+                })
+                .count() as u64
+    }
+
     /// The dirty entries that are the only one for their block.
     pub fn unique_dirty(&self) -> Vec<DirtyRef> {
         self.dirty
@@ -822,6 +849,9 @@ pub fn survey(dev: &dyn ReadAt, sb: &Superblock) -> Result<Survey> {
                     slot: e.slot,
                     state: st,
                     reason: st.describe(),
+                    block: e.block,
+                    seq: e.seq,
+                    dirty: e.dirty,
                     raw: hex(raw),
                 });
             }

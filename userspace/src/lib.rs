@@ -10,6 +10,7 @@ pub mod dm;
 pub mod error;
 pub mod host;
 pub mod lvm;
+pub mod meta;
 pub mod ops;
 pub mod progress;
 pub mod status;

@@ -1,0 +1,810 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! Offline commands on a cache device's metadata, without the module and
+//! without device-mapper: `check`, `dump` and `writeback`.  They take a
+//! block device or an image file (a regular file), and decode everything
+//! with the module's C code (`disk`).
+//!
+//! Exit codes (`error::Kind`): 0 consistent; 10 the device cannot be
+//! opened or read; 11 no superblock; 12 bad superblock; 13 corrupt
+//! entries; 14 duplicate dirty entries.  When several apply, the lowest.
+
+use serde::Serialize;
+use std::io::Write;
+
+use crate::disk::{
+    self, Access, BadEntry, Counts, Dev, DirtyRef, Duplicate, EntryState, ReadAt, SbRead, SbState,
+    Superblock, Survey,
+};
+use crate::error::{usage, Error, Kind, Result};
+use crate::units::fmt_bytes;
+
+/// Largest origin write of the offline writeback.
+pub const MAX_WRITE_BYTES: u64 = 4 << 20;
+
+fn warn_if_held(dev: &Dev, err: &mut dyn Write) {
+    if let Some(d) = dev.devno {
+        let h = disk::holders(d);
+        if !h.is_empty() {
+            let _ = writeln!(
+                err,
+                "tiercache: warning: {}: in use (held by {}): a live cache changes its metadata while it is read",
+                dev.path(),
+                h.join(", ")
+            );
+        }
+    }
+}
+
+// --------------------------------------------------------------------
+// check
+// --------------------------------------------------------------------
+
+/// What `check` found, as printed by `--json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct CheckReport {
+    pub device: String,
+    /// ok, unreadable, no_superblock, bad_superblock, bad_entries,
+    /// duplicate_dirty
+    pub result: &'static str,
+    pub exit_code: i32,
+    /// The first problem, as also printed on stderr.
+    pub error: Option<String>,
+    pub device_bytes: Option<u64>,
+    pub superblock_state: Option<SbState>,
+    pub superblock: Option<Superblock>,
+    pub counts: Option<Counts>,
+    pub dirty_bytes: Option<u64>,
+    pub corrupt: Vec<BadEntry>,
+    pub duplicates: Vec<Duplicate>,
+}
+
+fn result_name(k: Option<Kind>) -> &'static str {
+    match k {
+        None => "ok",
+        Some(Kind::NoSuperblock) => "no_superblock",
+        Some(Kind::BadSuperblock) => "bad_superblock",
+        Some(Kind::BadEntries) => "bad_entries",
+        Some(Kind::DuplicateDirty) => "duplicate_dirty",
+        Some(_) => "unreadable",
+    }
+}
+
+/// Read and judge the metadata of `dev`.  Returns the report and the
+/// error that decides the exit status (None: consistent).
+pub fn check_dev(dev: &dyn ReadAt) -> (CheckReport, Option<Error>) {
+    let name = dev.name().to_string();
+    let mut rep = CheckReport {
+        device: name.clone(),
+        result: "ok",
+        exit_code: 0,
+        error: None,
+        device_bytes: Some(dev.size_bytes()),
+        superblock_state: None,
+        superblock: None,
+        counts: None,
+        dirty_bytes: None,
+        corrupt: vec![],
+        duplicates: vec![],
+    };
+    let finish = |mut rep: CheckReport, e: Option<Error>| {
+        rep.result = result_name(e.as_ref().map(|e| e.kind));
+        rep.exit_code = e.as_ref().map(|e| e.kind.exit_code()).unwrap_or(0);
+        rep.error = e.as_ref().map(|e| e.msg.clone());
+        (rep, e)
+    };
+    let sbr = match disk::read_superblock(dev) {
+        Ok(s) => s,
+        Err(e) => return finish(rep, Some(e)),
+    };
+    rep.superblock_state = Some(sbr.state);
+    rep.superblock = sbr.sb.clone();
+    if let Some(e) = sbr.problem(&name) {
+        return finish(rep, Some(e));
+    }
+    let sb = sbr.sb.as_ref().unwrap();
+    let s = match disk::survey(dev, sb) {
+        Ok(s) => s,
+        Err(e) => return finish(rep, Some(e)),
+    };
+    rep.counts = Some(s.counts);
+    rep.dirty_bytes = Some(s.counts.dirty * sb.layout.block_bytes());
+    rep.corrupt = s.corrupt.clone();
+    rep.duplicates = s.duplicates.clone();
+    let e = if !s.corrupt.is_empty() {
+        Some(Error::new(
+            Kind::BadEntries,
+            format!(
+                "{name}: {} corrupt {} (slot{} {})",
+                s.corrupt.len(),
+                plural(s.corrupt.len() as u64, "entry", "entries"),
+                if s.corrupt.len() == 1 { "" } else { "s" },
+                list_some(s.corrupt.iter().map(|b| b.slot))
+            ),
+        ))
+    } else if !s.duplicates.is_empty() {
+        Some(Error::new(
+            Kind::DuplicateDirty,
+            format!(
+                "{name}: {} origin {} dirty in more than one slot (block{} {})",
+                s.duplicates.len(),
+                plural(s.duplicates.len() as u64, "block is", "blocks are"),
+                if s.duplicates.len() == 1 { "" } else { "s" },
+                list_some(s.duplicates.iter().map(|d| d.block))
+            ),
+        ))
+    } else {
+        None
+    };
+    finish(rep, e)
+}
+
+fn plural<'a>(n: u64, one: &'a str, many: &'a str) -> &'a str {
+    if n == 1 {
+        one
+    } else {
+        many
+    }
+}
+
+/// "1, 5, 9" or "1, 5, 9, ... (12 in all)".
+fn list_some(it: impl Iterator<Item = u64>) -> String {
+    let v: Vec<u64> = it.collect();
+    let mut s: Vec<String> = v.iter().take(8).map(|x| x.to_string()).collect();
+    if v.len() > 8 {
+        s.push(format!("... ({} in all)", v.len()));
+    }
+    s.join(", ")
+}
+
+fn sb_lines(sb: &Superblock, o: &mut Vec<String>) {
+    let l = &sb.layout;
+    o.push(format!(
+        "  uuid:        {}",
+        if sb.uuid.is_empty() {
+            "(none: any device)"
+        } else {
+            &sb.uuid
+        }
+    ));
+    o.push(format!(
+        "  origin:      {} ({} sectors, {} blocks)",
+        fmt_bytes(sb.origin_sectors * 512),
+        sb.origin_sectors,
+        sb.origin_blocks()
+    ));
+    o.push(format!(
+        "  block size:  {} ({} sectors)",
+        fmt_bytes(l.block_bytes()),
+        l.block_sectors
+    ));
+    o.push(format!(
+        "  slots:       {} ({} of data from sector {}; entries in {} metadata blocks from sector {})",
+        l.nr_slots,
+        fmt_bytes(l.nr_slots * l.block_bytes()),
+        l.data_start,
+        l.meta_blocks,
+        l.meta_start
+    ));
+    o.push(format!("  commit seq:  {}", sb.commit_seq));
+}
+
+/// The text form of a check report.
+pub fn check_text(rep: &CheckReport) -> String {
+    let mut o = vec![];
+    let Some(sb) = &rep.superblock else {
+        return String::new();
+    };
+    o.push(format!(
+        "{}: tiercache metadata, format version {}",
+        rep.device,
+        disk::VERSION
+    ));
+    sb_lines(sb, &mut o);
+    if let Some(c) = &rep.counts {
+        o.push(format!(
+            "  slots used:  {} of {}: {} dirty ({}), {} clean, {} uncommitted (ignored), {} corrupt",
+            c.used(),
+            sb.layout.nr_slots,
+            c.dirty,
+            fmt_bytes(rep.dirty_bytes.unwrap_or(0)),
+            c.clean,
+            c.uncommitted,
+            c.corrupt
+        ));
+    }
+    for b in &rep.corrupt {
+        o.push(format!(
+            "  corrupt:     slot {}: {} (entry {})",
+            b.slot, b.reason, b.raw
+        ));
+    }
+    for d in &rep.duplicates {
+        let at: Vec<String> = d
+            .slots
+            .iter()
+            .zip(&d.seqs)
+            .map(|(s, q)| format!("slot {s} (seq {q})"))
+            .collect();
+        o.push(format!(
+            "  duplicate:   origin block {} is dirty in {}",
+            d.block,
+            at.join(", ")
+        ));
+    }
+    o.push(format!(
+        "  result:      {}",
+        match rep.result {
+            "ok" => "consistent",
+            "bad_superblock" => "superblock unusable",
+            "bad_entries" => "CORRUPT ENTRIES",
+            "duplicate_dirty" => "DUPLICATE DIRTY ENTRIES",
+            other => other,
+        }
+    ));
+    o.join("\n") + "\n"
+}
+
+/// `tiercache check DEV [--json]`.
+pub fn check(path: &str, json: bool, out: &mut dyn Write, err: &mut dyn Write) -> Result<()> {
+    let (rep, e) = match Dev::open(path, Access::Read) {
+        Ok(dev) => {
+            warn_if_held(&dev, err);
+            check_dev(&dev)
+        }
+        Err(e) => {
+            let rep = CheckReport {
+                device: path.to_string(),
+                result: result_name(Some(e.kind)),
+                exit_code: e.kind.exit_code(),
+                error: Some(e.msg.clone()),
+                device_bytes: None,
+                superblock_state: None,
+                superblock: None,
+                counts: None,
+                dirty_bytes: None,
+                corrupt: vec![],
+                duplicates: vec![],
+            };
+            (rep, Some(e))
+        }
+    };
+    if json {
+        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&rep).unwrap());
+    } else {
+        let _ = write!(out, "{}", check_text(&rep));
+    }
+    match e {
+        None => Ok(()),
+        Some(e) => Err(add_check_hint(e, path)),
+    }
+}
+
+fn add_check_hint(e: Error, path: &str) -> Error {
+    if e.hint.is_some() {
+        return e;
+    }
+    match e.kind {
+        Kind::BadSuperblock => e.hint(
+            "the module refuses to load this cache; its dirty data (if any) cannot be located",
+        ),
+        Kind::BadEntries => e.hint(format!(
+            "'tiercache dump {path}' shows the entries; 'tiercache writeback --force' saves the dirty blocks of the readable ones"
+        )),
+        Kind::DuplicateDirty => e.hint(
+            "the metadata does not say which copy is current; 'tiercache dump' shows them",
+        ),
+        _ => e,
+    }
+}
+
+// --------------------------------------------------------------------
+// dump
+// --------------------------------------------------------------------
+
+#[derive(Serialize)]
+struct EntryJson<'a> {
+    slot: u64,
+    state: EntryState,
+    block: Option<u64>,
+    seq: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    raw: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct SbJson<'a> {
+    magic: &'static str,
+    version: u32,
+    commit_seq: u64,
+    block_sectors: u32,
+    nr_slots: u64,
+    meta_start: u64,
+    meta_blocks: u64,
+    data_start: u64,
+    origin_sectors: u64,
+    uuid: &'a str,
+}
+
+fn sb_json(sb: &Superblock) -> SbJson<'_> {
+    let l = &sb.layout;
+    SbJson {
+        magic: disk::magic(),
+        version: disk::VERSION,
+        commit_seq: sb.commit_seq,
+        block_sectors: l.block_sectors,
+        nr_slots: l.nr_slots,
+        meta_start: l.meta_start,
+        meta_blocks: l.meta_blocks,
+        data_start: l.data_start,
+        origin_sectors: sb.origin_sectors,
+        uuid: &sb.uuid,
+    }
+}
+
+/// Dump the superblock and the entries of `dev` (the non-empty ones, or
+/// all with `all`).
+pub fn dump_dev(dev: &dyn ReadAt, json: bool, all: bool, out: &mut dyn Write) -> Result<()> {
+    let name = dev.name().to_string();
+    let sbr = disk::read_superblock(dev)?;
+    let problem = sbr.problem(&name);
+    let Some(sb) = sbr.sb.as_ref() else {
+        // Nothing decodes: show what the first sector holds.
+        let raw = (sbr.state != SbState::Blank).then(|| disk::hex(&sbr.raw));
+        if json {
+            let v = serde_json::json!({
+                "device": name,
+                "superblock_state": sbr.state,
+                "superblock_error": sbr.state.describe(),
+                "superblock_raw": raw,
+                "entries": [],
+            });
+            let _ = writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap());
+        } else {
+            let _ = writeln!(out, "{name}: superblock: {}", sbr.state.describe());
+            if let Some(r) = raw {
+                let _ = writeln!(out, "first sector:");
+                for line in r.as_bytes().chunks(64) {
+                    let _ = writeln!(out, "  {}", std::str::from_utf8(line).unwrap());
+                }
+            }
+        }
+        return Err(problem.unwrap());
+    };
+    if !sbr.entries_readable() {
+        return Err(problem.unwrap());
+    }
+    if json {
+        let head = serde_json::json!({
+            "device": name,
+            "superblock_state": sbr.state,
+            "superblock": sb_json(sb),
+        });
+        let head = serde_json::to_string_pretty(&head).unwrap();
+        // Stream the entries: a large cache has millions.
+        let head = head.trim_end().strip_suffix('}').unwrap().trim_end();
+        let _ = write!(out, "{head},\n  \"entries\": [");
+    } else {
+        let l = &sb.layout;
+        let _ = writeln!(out, "{name}: superblock");
+        for (k, v) in [
+            ("magic", disk::magic().to_string()),
+            ("version", disk::VERSION.to_string()),
+            ("commit_seq", sb.commit_seq.to_string()),
+            ("block_sectors", l.block_sectors.to_string()),
+            ("nr_slots", l.nr_slots.to_string()),
+            ("meta_start", l.meta_start.to_string()),
+            ("meta_blocks", l.meta_blocks.to_string()),
+            ("data_start", l.data_start.to_string()),
+            ("origin_sectors", sb.origin_sectors.to_string()),
+            ("uuid", sb.uuid.clone()),
+        ] {
+            let _ = writeln!(out, "  {k:<15} {v}");
+        }
+        let _ = writeln!(
+            out,
+            "entries ({}):",
+            if all { "all slots" } else { "non-empty slots" }
+        );
+        let _ = writeln!(
+            out,
+            "  {:>10} {:>14} {:<11} {:>10}",
+            "SLOT", "ORIGIN BLOCK", "STATE", "SEQ"
+        );
+    }
+    let mut first = true;
+    disk::for_each_entry(dev, sb, |e, raw| {
+        if e.state == EntryState::Empty && !all {
+            return Ok(());
+        }
+        let corrupt = e.state.is_corrupt();
+        let rawhex = disk::hex(raw);
+        if json {
+            let j = EntryJson {
+                slot: e.slot,
+                state: e.state,
+                block: e.block,
+                seq: e.seq,
+                reason: corrupt.then(|| e.state.describe()),
+                raw: corrupt.then_some(rawhex.as_str()),
+            };
+            let _ = write!(
+                out,
+                "{}\n    {}",
+                if first { "" } else { "," },
+                serde_json::to_string(&j).unwrap()
+            );
+        } else {
+            let opt = |v: Option<u64>| v.map(|x| x.to_string()).unwrap_or("-".into());
+            let note = if corrupt {
+                format!("  {} (entry {rawhex})", e.state.describe())
+            } else if e.state == EntryState::Uncommitted {
+                format!("  ignored: newer than commit {}", sb.commit_seq)
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                out,
+                "  {:>10} {:>14} {:<11} {:>10}{note}",
+                e.slot,
+                opt(e.block),
+                e.state.as_str(),
+                opt(e.seq)
+            );
+        }
+        first = false;
+        Ok(())
+    })?;
+    if json {
+        let _ = writeln!(out, "{}]\n}}", if first { "" } else { "\n  " });
+    }
+    match problem {
+        Some(p) => Err(p),
+        None => Ok(()),
+    }
+}
+
+/// `tiercache dump DEV [--json] [--all]`.
+pub fn dump(
+    path: &str,
+    json: bool,
+    all: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<()> {
+    let dev = Dev::open(path, Access::Read)?;
+    warn_if_held(&dev, err);
+    dump_dev(&dev, json, all, out)
+}
+
+// --------------------------------------------------------------------
+// writeback
+// --------------------------------------------------------------------
+
+/// Origin-adjacent dirty blocks written as one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Run {
+    pub blocks: Vec<DirtyRef>,
+}
+
+impl Run {
+    pub fn first_block(&self) -> u64 {
+        self.blocks[0].block
+    }
+    pub fn len(&self) -> u64 {
+        self.blocks.len() as u64
+    }
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+}
+
+/// Group dirty blocks (sorted by block) into runs of adjacent blocks of
+/// at most `max_bytes`.
+pub fn plan_runs(dirty: &[DirtyRef], block_bytes: u64, max_bytes: u64) -> Vec<Run> {
+    let per_run = (max_bytes / block_bytes).max(1) as usize;
+    let mut runs: Vec<Run> = vec![];
+    for d in dirty {
+        match runs.last_mut() {
+            Some(r)
+                if r.blocks.len() < per_run && r.blocks.last().unwrap().block + 1 == d.block =>
+            {
+                r.blocks.push(*d)
+            }
+            _ => runs.push(Run { blocks: vec![*d] }),
+        }
+    }
+    runs
+}
+
+/// "3-7, 9, 12-13".
+fn ranges(v: impl Iterator<Item = u64>) -> String {
+    let mut out: Vec<String> = vec![];
+    let mut cur: Option<(u64, u64)> = None;
+    for x in v {
+        cur = match cur {
+            Some((a, b)) if x == b + 1 => Some((a, x)),
+            Some((a, b)) => {
+                out.push(if a == b {
+                    a.to_string()
+                } else {
+                    format!("{a}-{b}")
+                });
+                Some((x, x))
+            }
+            None => Some((x, x)),
+        };
+    }
+    if let Some((a, b)) = cur {
+        out.push(if a == b {
+            a.to_string()
+        } else {
+            format!("{a}-{b}")
+        });
+    }
+    out.join(", ")
+}
+
+/// Read the data of a run's slots (consecutive slots in one read).
+fn read_run(cache: &dyn ReadAt, sb: &Superblock, run: &Run) -> Result<Vec<u8>> {
+    let l = &sb.layout;
+    let bb = l.block_bytes() as usize;
+    let mut buf = Vec::with_capacity(run.blocks.len() * bb);
+    let mut i = 0;
+    while i < run.blocks.len() {
+        let mut j = i + 1;
+        while j < run.blocks.len() && run.blocks[j].slot == run.blocks[j - 1].slot + 1 {
+            j += 1;
+        }
+        let data = cache.read_at(l.slot_offset(run.blocks[i].slot), (j - i) * bb)?;
+        buf.extend_from_slice(&data);
+        i = j;
+    }
+    Ok(buf)
+}
+
+/// Rewrite the entries of `done` as clean (same block and seq, valid
+/// checksum), metadata block by metadata block, then make it durable.
+fn mark_clean(cache: &Dev, sb: &Superblock, done: &[DirtyRef]) -> Result<()> {
+    let l = &sb.layout;
+    let per = disk::entries_per_mblock();
+    let mut by_mblock: Vec<DirtyRef> = done.to_vec();
+    by_mblock.sort_by_key(|d| d.slot);
+    let mut i = 0;
+    while i < by_mblock.len() {
+        let mb = by_mblock[i].slot / per;
+        let off = l.meta_start * 512 + mb * disk::MBLOCK_BYTES as u64;
+        let mut buf = cache.read_at(off, disk::MBLOCK_BYTES)?;
+        while i < by_mblock.len() && by_mblock[i].slot / per == mb {
+            let d = by_mblock[i];
+            let k = ((d.slot % per) as usize) * disk::ENTRY_BYTES;
+            let raw = &mut buf[k..k + disk::ENTRY_BYTES];
+            // The entry must still be the one we wrote back (we hold the
+            // device exclusively; this guards against our own mistakes).
+            let e = disk::decode_entry(raw, d.slot, sb.origin_blocks(), sb.commit_seq);
+            if e.state != EntryState::Dirty || e.block != Some(d.block) || e.seq != Some(d.seq) {
+                return Err(Error::new(
+                    Kind::Failure,
+                    format!(
+                        "{}: the entry of slot {} changed during the writeback ({}); not marking it clean",
+                        cache.path(),
+                        d.slot,
+                        e.state.describe()
+                    ),
+                ));
+            }
+            raw.copy_from_slice(&disk::encode_entry(d.slot, d.block, false, d.seq));
+            i += 1;
+        }
+        cache.write_at(off, &buf)?;
+    }
+    cache.sync()
+}
+
+/// What an offline writeback did (or would do).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WritebackSummary {
+    pub blocks: u64,
+    pub writes: u64,
+    pub bytes: u64,
+    pub skipped_corrupt: u64,
+    pub skipped_duplicate: u64,
+}
+
+/// `tiercache writeback --cache DEV --origin DEV [--dry-run] [--force]`.
+pub fn writeback(
+    cache_path: &str,
+    origin_path: &str,
+    dry_run: bool,
+    force: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<WritebackSummary> {
+    let access = if dry_run {
+        Access::ReadExclusive
+    } else {
+        Access::WriteExclusive
+    };
+    let cache = Dev::open(cache_path, access)?;
+    let origin = Dev::open(origin_path, access)?;
+    if cache.ident == origin.ident || (cache.devno.is_some() && cache.devno == origin.devno) {
+        return Err(usage(format!(
+            "{cache_path} and {origin_path} are the same device"
+        )));
+    }
+    let sbr: SbRead = disk::read_superblock(&cache)?;
+    if let Some(e) = sbr.problem(cache_path) {
+        let h = match e.kind {
+            Kind::NoSuperblock => "nothing to write back: this device holds no tiercache metadata".to_string(),
+            _ => format!(
+                "without a valid superblock the dirty blocks cannot be located; 'tiercache check {cache_path}' tells more"
+            ),
+        };
+        return Err(e.hint(h));
+    }
+    let sb = sbr.sb.clone().unwrap();
+    let s: Survey = disk::survey(&cache, &sb)?;
+    if !s.corrupt.is_empty() {
+        for b in &s.corrupt {
+            let _ = writeln!(
+                err,
+                "tiercache: {}: slot {}: {} (entry {})",
+                cache_path, b.slot, b.reason, b.raw
+            );
+        }
+        if !force {
+            return Err(Error::new(
+                Kind::BadEntries,
+                format!(
+                    "{cache_path}: {} corrupt {} (listed above): refusing to write back",
+                    s.corrupt.len(),
+                    plural(s.corrupt.len() as u64, "entry", "entries")
+                ),
+            )
+            .hint("--force writes back the dirty blocks of the readable entries and leaves the corrupt ones as they are"));
+        }
+        let _ = writeln!(
+            err,
+            "tiercache: warning: {cache_path}: skipping {} corrupt {} (--force): whatever they held is not written",
+            s.corrupt.len(),
+            plural(s.corrupt.len() as u64, "entry", "entries")
+        );
+    }
+    if !s.duplicates.is_empty() {
+        for d in &s.duplicates {
+            let _ = writeln!(
+                err,
+                "tiercache: {cache_path}: origin block {} is dirty in slots {} (seqs {})",
+                d.block,
+                ranges(d.slots.iter().copied()),
+                d.seqs
+                    .iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        if !force {
+            return Err(Error::new(
+                Kind::DuplicateDirty,
+                format!(
+                    "{cache_path}: {} origin {} dirty in more than one slot (listed above): refusing to write back",
+                    s.duplicates.len(),
+                    plural(s.duplicates.len() as u64, "block is", "blocks are")
+                ),
+            )
+            .hint("the metadata does not say which copy is current; --force writes back every other block and leaves these as they are"));
+        }
+        let _ = writeln!(
+            err,
+            "tiercache: warning: {cache_path}: skipping {} ambiguous origin {} (--force)",
+            s.duplicates.len(),
+            plural(s.duplicates.len() as u64, "block", "blocks")
+        );
+    }
+    let need = sb.origin_sectors * 512;
+    if origin.size_bytes() < need {
+        return Err(usage(format!(
+            "{origin_path}: holds {} ({} sectors), but the origin of this cache had {} sectors: not its origin?",
+            fmt_bytes(origin.size_bytes()),
+            origin.size_bytes() / 512,
+            sb.origin_sectors
+        ))
+        .hint("give the origin device the cache was set up with"));
+    }
+    let dirty = s.unique_dirty();
+    let bb = sb.layout.block_bytes();
+    let runs = plan_runs(&dirty, bb, MAX_WRITE_BYTES);
+    let sum = WritebackSummary {
+        blocks: dirty.len() as u64,
+        writes: runs.len() as u64,
+        bytes: dirty.len() as u64 * bb,
+        skipped_corrupt: s.corrupt.len() as u64,
+        skipped_duplicate: s.duplicates.len() as u64,
+    };
+    let owner = if sb.uuid.is_empty() {
+        String::new()
+    } else {
+        format!(" (cache of {})", sb.uuid)
+    };
+    if dirty.is_empty() {
+        let _ = writeln!(
+            out,
+            "{cache_path}{owner}: no committed dirty blocks: nothing to write back"
+        );
+        return Ok(sum);
+    }
+    if dry_run {
+        let _ = writeln!(
+            out,
+            "{cache_path}{owner}: would write {} dirty {} ({}) to {origin_path} in {} {}:",
+            sum.blocks,
+            plural(sum.blocks, "block", "blocks"),
+            fmt_bytes(sum.bytes),
+            sum.writes,
+            plural(sum.writes, "write", "writes")
+        );
+        for r in &runs {
+            let b0 = r.first_block();
+            let _ = writeln!(
+                out,
+                "  origin blocks {} ({} at sector {}) from slots {}",
+                ranges(r.blocks.iter().map(|d| d.block)),
+                fmt_bytes(r.len() * bb),
+                b0 * sb.layout.block_sectors as u64,
+                ranges(r.blocks.iter().map(|d| d.slot))
+            );
+        }
+        let _ = writeln!(out, "dry run: nothing written");
+        return Ok(sum);
+    }
+    for r in &runs {
+        let data = read_run(&cache, &sb, r)?;
+        origin.write_at(r.first_block() * bb, &data)?;
+    }
+    origin.sync()?;
+    mark_clean(&cache, &sb, &dirty)?;
+    // Read back: what was written must now decode as clean.
+    let after = disk::survey(&cache, &sb)?;
+    let written: std::collections::HashSet<u64> = dirty.iter().map(|d| d.slot).collect();
+    let left: Vec<u64> = after
+        .dirty
+        .iter()
+        .filter(|d| written.contains(&d.slot))
+        .map(|d| d.slot)
+        .collect();
+    if !left.is_empty() {
+        return Err(Error::new(
+            Kind::Failure,
+            format!(
+                "{cache_path}: slots {} still read back dirty after being marked clean",
+                ranges(left.into_iter())
+            ),
+        ));
+    }
+    let _ = writeln!(
+        out,
+        "{origin_path}: wrote {} dirty {} ({}) from {cache_path}{owner} in {} {}; marked clean in its metadata",
+        sum.blocks,
+        plural(sum.blocks, "block", "blocks"),
+        fmt_bytes(sum.bytes),
+        sum.writes,
+        plural(sum.writes, "write", "writes")
+    );
+    if sum.skipped_corrupt + sum.skipped_duplicate > 0 {
+        let _ = writeln!(
+            out,
+            "{cache_path}: left as they were: {} corrupt {}, {} ambiguous {}",
+            sum.skipped_corrupt,
+            plural(sum.skipped_corrupt, "entry", "entries"),
+            sum.skipped_duplicate,
+            plural(sum.skipped_duplicate, "block", "blocks")
+        );
+    }
+    Ok(sum)
+}
+
+#[cfg(test)]
+#[path = "meta_tests.rs"]
+mod tests;

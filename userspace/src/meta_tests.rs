@@ -1,0 +1,485 @@
+// SPDX-License-Identifier: GPL-2.0-only
+//! check, dump and writeback on image files built with the C encoder.
+
+use super::*;
+use crate::disk::{build_image, ffi};
+use std::path::PathBuf;
+
+/// A directory under the system temp dir, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let p =
+            std::env::temp_dir().join(format!("tiercache-test-{}-{tag}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn file(&self, name: &str, data: &[u8]) -> String {
+        let p = self.0.join(name);
+        std::fs::write(&p, data).unwrap();
+        p.to_string_lossy().into_owned()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const CACHE_SECTORS: u64 = 8192; // 4 MiB
+const ORIGIN_SECTORS: u64 = 16384; // 8 MiB, 2048 blocks of 4 KiB
+
+fn sb(commit_seq: u64) -> Superblock {
+    Superblock {
+        layout: disk::layout(CACHE_SECTORS, 8).unwrap(),
+        commit_seq,
+        origin_sectors: ORIGIN_SECTORS,
+        uuid: "TIERCACHE-t".into(),
+    }
+}
+
+/// Slot data: every byte is the origin block number + 1 (mod 256), so a
+/// written block can be told from the origin's own content (0xee).
+fn fill(block: u64) -> u8 {
+    (block as u8).wrapping_add(1)
+}
+
+/// (slot, block, dirty, seq): dirty 10-12 (adjacent, in scattered slots),
+/// dirty 40, clean 41, dirty 500 uncommitted (seq above the commit).
+fn entries() -> Vec<(u64, u64, bool, u64)> {
+    vec![
+        (0, 11, true, 5),
+        (1, 12, true, 6),
+        (7, 10, true, 7),
+        (8, 40, true, 7),
+        (9, 41, false, 7),
+        (10, 500, true, 8),
+    ]
+}
+
+fn image() -> Vec<u8> {
+    build_image(&sb(7), CACHE_SECTORS, &entries(), fill)
+}
+
+fn entry_off(slot: u64) -> usize {
+    disk::entry_offset(&sb(7).layout, slot) as usize
+}
+
+fn run_check(path: &str) -> (String, std::result::Result<(), Error>) {
+    let mut out = vec![];
+    let mut err = vec![];
+    let r = check(path, false, &mut out, &mut err);
+    (String::from_utf8(out).unwrap(), r)
+}
+
+fn check_kind(data: &[u8]) -> (Option<Kind>, String) {
+    let d = TempDir::new("kind");
+    let p = d.file("cache.img", data);
+    let (out, r) = run_check(&p);
+    (r.err().map(|e| e.kind), out)
+}
+
+#[test]
+fn check_consistent_image() {
+    let d = TempDir::new("ok");
+    let p = d.file("cache.img", &image());
+    let (out, r) = run_check(&p);
+    r.unwrap();
+    for needle in [
+        "tiercache metadata, format version 1",
+        "uuid:        TIERCACHE-t",
+        "origin:      8 MiB (16384 sectors, 2048 blocks)",
+        "commit seq:  7",
+        "slots used:  6 of",
+        "4 dirty (16 KiB), 1 clean, 1 uncommitted (ignored), 0 corrupt",
+        "result:      consistent",
+    ] {
+        assert!(out.contains(needle), "missing '{needle}' in\n{out}");
+    }
+    // --json
+    let mut o = vec![];
+    check(&p, true, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(v["result"], "ok");
+    assert_eq!(v["exit_code"], 0);
+    assert_eq!(v["counts"]["dirty"], 4);
+    assert_eq!(v["counts"]["uncommitted"], 1);
+    assert_eq!(v["superblock"]["commit_seq"], 7);
+    assert_eq!(v["superblock"]["uuid"], "TIERCACHE-t");
+}
+
+#[test]
+fn check_exit_codes_per_corruption() {
+    // Cannot read: no such file.
+    let mut o = vec![];
+    let e = check("/nonexistent/cache.img", true, &mut o, &mut vec![]).unwrap_err();
+    assert_eq!((e.kind, e.kind.exit_code()), (Kind::Unreadable, 10));
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(v["result"], "unreadable");
+
+    // Never formatted.
+    let (k, _) = check_kind(&vec![0u8; 1 << 20]);
+    assert_eq!(k, Some(Kind::NoSuperblock));
+    assert_eq!(Kind::NoSuperblock.exit_code(), 11);
+    // A file too small for a superblock is not a cache either.
+    assert_eq!(check_kind(&[]).0, Some(Kind::NoSuperblock));
+
+    // A flipped superblock byte: checksum.
+    let mut img = image();
+    img[100] ^= 0x01;
+    let d = TempDir::new("sb");
+    let p = d.file("cache.img", &img);
+    let (_, r) = run_check(&p);
+    let e = r.unwrap_err();
+    assert_eq!((e.kind, e.kind.exit_code()), (Kind::BadSuperblock, 12));
+    assert!(e.msg.contains("superblock checksum mismatch"), "{}", e.msg);
+    // A flipped magic byte reads as no superblock at all.
+    let mut img = image();
+    img[2] ^= 0x01;
+    assert_eq!(check_kind(&img).0, Some(Kind::NoSuperblock));
+    // An unknown version with a valid checksum.
+    let mut img = image();
+    let v = std::mem::offset_of!(ffi::tc_disk_sb, version);
+    let c = std::mem::offset_of!(ffi::tc_disk_sb, csum);
+    img[v..v + 4].copy_from_slice(&2u32.to_le_bytes());
+    img[c..c + 4].fill(0);
+    let crc = disk::crc(&img[..disk::SB_BYTES]);
+    img[c..c + 4].copy_from_slice(&crc.to_le_bytes());
+    let (k, _) = check_kind(&img);
+    assert_eq!(k, Some(Kind::BadSuperblock));
+    // A superblock describing more than the device.
+    let img = image();
+    assert_eq!(check_kind(&img[..1 << 20]).0, Some(Kind::BadSuperblock));
+
+    // A flipped entry byte: exactly that slot is reported, with the reason.
+    let mut img = image();
+    img[entry_off(8) + 3] ^= 0x10;
+    let d = TempDir::new("entry");
+    let p = d.file("cache.img", &img);
+    let (out, r) = run_check(&p);
+    let e = r.unwrap_err();
+    assert_eq!((e.kind, e.kind.exit_code()), (Kind::BadEntries, 13));
+    assert_eq!(e.msg, format!("{p}: 1 corrupt entry (slot 8)"));
+    assert!(
+        out.contains("corrupt:     slot 8: checksum mismatch (entry "),
+        "{out}"
+    );
+    let mut o = vec![];
+    check(&p, true, &mut o, &mut vec![]).unwrap_err();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(v["result"], "bad_entries");
+    assert_eq!(v["exit_code"], 13);
+    assert_eq!(v["corrupt"][0]["slot"], 8);
+    assert_eq!(v["corrupt"][0]["state"], "bad_csum");
+    assert_eq!(v["corrupt"][0]["reason"], "checksum mismatch");
+
+    // An entry in the wrong slot (valid checksum): bad slot.
+    let mut img = image();
+    let o3 = entry_off(3);
+    img[o3..o3 + 32].copy_from_slice(&disk::encode_entry(4, 1, true, 1));
+    let d = TempDir::new("slot");
+    let (out, r) = run_check(&d.file("cache.img", &img));
+    assert_eq!(r.unwrap_err().kind, Kind::BadEntries);
+    assert!(
+        out.contains("slot 3: slot number does not match its position"),
+        "{out}"
+    );
+
+    // Two committed dirty entries for one origin block.
+    let mut es = entries();
+    es.push((20, 40, true, 3));
+    let img = build_image(&sb(7), CACHE_SECTORS, &es, fill);
+    let d = TempDir::new("dup");
+    let (out, r) = run_check(&d.file("cache.img", &img));
+    let e = r.unwrap_err();
+    assert_eq!((e.kind, e.kind.exit_code()), (Kind::DuplicateDirty, 14));
+    assert!(e.msg.contains("(block 40)"), "{}", e.msg);
+    assert!(
+        out.contains("origin block 40 is dirty in slot 8 (seq 7), slot 20 (seq 3)"),
+        "{out}"
+    );
+
+    // Both: corrupt entries take precedence.
+    let mut img = img;
+    img[entry_off(0)] ^= 0xff;
+    assert_eq!(check_kind(&img).0, Some(Kind::BadEntries));
+
+    // A clean duplicate of a dirty block, or an uncommitted one, is fine.
+    let mut es = entries();
+    es.push((20, 40, false, 3));
+    es.push((21, 40, true, 9));
+    let img = build_image(&sb(7), CACHE_SECTORS, &es, fill);
+    assert_eq!(check_kind(&img).0, None);
+}
+
+#[test]
+fn uncommitted_entry_is_ignored() {
+    // The same dirty entry, committed or not, depending on commit_seq.
+    let es = [(3, 100, true, 8)];
+    let committed = build_image(&sb(8), CACHE_SECTORS, &es, fill);
+    let pending = build_image(&sb(7), CACHE_SECTORS, &es, fill);
+    let d = TempDir::new("unc");
+    let mut o = vec![];
+    check(&d.file("a.img", &committed), true, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(
+        (
+            v["counts"]["dirty"].as_u64(),
+            v["counts"]["uncommitted"].as_u64()
+        ),
+        (Some(1), Some(0))
+    );
+    let mut o = vec![];
+    check(&d.file("b.img", &pending), true, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(
+        (
+            v["counts"]["dirty"].as_u64(),
+            v["counts"]["uncommitted"].as_u64()
+        ),
+        (Some(0), Some(1))
+    );
+    assert_eq!(v["dirty_bytes"], 0);
+}
+
+#[test]
+fn dump_text_and_json() {
+    let d = TempDir::new("dump");
+    let mut img = image();
+    img[entry_off(9) + 20] ^= 0x04;
+    let p = d.file("cache.img", &img);
+    let mut o = vec![];
+    // dump shows corrupt entries; it does not fail on them.
+    dump(&p, false, false, &mut o, &mut vec![]).unwrap();
+    let t = String::from_utf8(o).unwrap();
+    assert!(t.contains("  commit_seq      7\n"), "{t}");
+    assert!(t.contains("  uuid            TIERCACHE-t\n"), "{t}");
+    let rows: Vec<&str> = t
+        .lines()
+        .skip_while(|l| !l.contains("SLOT"))
+        .skip(1)
+        .collect();
+    assert_eq!(rows.len(), 6, "{t}");
+    assert_eq!(
+        rows[0].split_whitespace().collect::<Vec<_>>(),
+        ["0", "11", "dirty", "5"]
+    );
+    assert!(
+        rows[4].contains("bad_csum") && rows[4].contains("checksum mismatch"),
+        "{}",
+        rows[4]
+    );
+    assert!(rows[5].contains("uncommitted") && rows[5].contains("ignored: newer than commit 7"));
+
+    let mut o = vec![];
+    dump(&p, true, false, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(v["superblock"]["magic"], "TIERCACH");
+    assert_eq!(v["superblock"]["nr_slots"], sb(7).layout.nr_slots);
+    let es = v["entries"].as_array().unwrap();
+    assert_eq!(es.len(), 6);
+    assert_eq!(es[1]["slot"], 1);
+    assert_eq!(es[1]["block"], 12);
+    assert_eq!(es[1]["state"], "dirty");
+    assert_eq!(es[4]["state"], "bad_csum");
+    assert_eq!(es[4]["raw"].as_str().unwrap().len(), 64);
+
+    let mut o = vec![];
+    dump(&p, true, true, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(
+        v["entries"].as_array().unwrap().len() as u64,
+        sb(7).layout.nr_slots
+    );
+
+    // A blank device: the state, and exit 11.
+    let p = d.file("blank.img", &vec![0u8; 65536]);
+    let mut o = vec![];
+    let e = dump(&p, true, false, &mut o, &mut vec![]).unwrap_err();
+    assert_eq!(e.kind, Kind::NoSuperblock);
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(v["superblock_state"], "blank");
+}
+
+fn origin_image() -> Vec<u8> {
+    vec![0xee; (ORIGIN_SECTORS * 512) as usize]
+}
+
+#[test]
+fn writeback_onto_a_file_origin() {
+    let d = TempDir::new("wb");
+    let cache = d.file("cache.img", &image());
+    let origin = d.file("origin.img", &origin_image());
+    let mut out = vec![];
+    let sum = writeback(&cache, &origin, false, false, &mut out, &mut vec![]).unwrap();
+    assert_eq!(
+        sum,
+        WritebackSummary {
+            blocks: 4,
+            writes: 2, // 10-12 merged, 40 alone
+            bytes: 16384,
+            skipped_corrupt: 0,
+            skipped_duplicate: 0
+        }
+    );
+    let out = String::from_utf8(out).unwrap();
+    assert!(
+        out.contains("wrote 4 dirty blocks (16 KiB) from") && out.contains("in 2 writes"),
+        "{out}"
+    );
+
+    // Byte for byte: blocks 10, 11, 12, 40 hold the slots' data, the rest
+    // (the clean block 41, the uncommitted 500) is untouched.
+    let mut want = origin_image();
+    for b in [10u64, 11, 12, 40] {
+        let o = (b * 4096) as usize;
+        want[o..o + 4096].fill(fill(b));
+    }
+    let got = std::fs::read(&origin).unwrap();
+    assert!(got == want, "origin content differs");
+
+    // The entries are clean now, with their seq, and a second run has
+    // nothing to do.
+    let cimg = std::fs::read(&cache).unwrap();
+    let e = disk::decode_entry(&cimg[entry_off(7)..entry_off(7) + 32], 7, 2048, 7);
+    assert_eq!(
+        (e.state, e.block, e.seq),
+        (EntryState::Clean, Some(10), Some(7))
+    );
+    let mut o = vec![];
+    check(&cache, true, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(v["counts"]["dirty"], 0);
+    assert_eq!(v["counts"]["clean"], 5);
+    assert_eq!(v["counts"]["uncommitted"], 1);
+    let mut out = vec![];
+    let sum = writeback(&cache, &origin, false, false, &mut out, &mut vec![]).unwrap();
+    assert_eq!(sum.blocks, 0);
+    assert!(String::from_utf8(out)
+        .unwrap()
+        .contains("nothing to write back"));
+    assert!(std::fs::read(&origin).unwrap() == want);
+}
+
+#[test]
+fn writeback_dry_run_writes_nothing() {
+    let d = TempDir::new("dry");
+    let cache = d.file("cache.img", &image());
+    let origin = d.file("origin.img", &origin_image());
+    let mut out = vec![];
+    let sum = writeback(&cache, &origin, true, false, &mut out, &mut vec![]).unwrap();
+    assert_eq!((sum.blocks, sum.writes), (4, 2));
+    let out = String::from_utf8(out).unwrap();
+    assert!(
+        out.contains("origin blocks 10-12 (12 KiB at sector 80) from slots 7, 0-1"),
+        "{out}"
+    );
+    assert!(
+        out.contains("origin blocks 40 (4 KiB at sector 320) from slots 8"),
+        "{out}"
+    );
+    assert!(out.contains("dry run: nothing written"));
+    assert!(std::fs::read(&origin).unwrap() == origin_image());
+    assert!(std::fs::read(&cache).unwrap() == image());
+}
+
+#[test]
+fn writeback_refusals_and_force() {
+    let d = TempDir::new("wbref");
+    let origin = d.file("origin.img", &origin_image());
+
+    // Corrupt entry: refused, nothing written.
+    let mut img = image();
+    img[entry_off(8) + 1] ^= 0x01;
+    let cache = d.file("cache.img", &img);
+    let mut err = vec![];
+    let e = writeback(&cache, &origin, false, false, &mut vec![], &mut err).unwrap_err();
+    assert_eq!(e.kind, Kind::BadEntries);
+    assert!(e.hint.unwrap().contains("--force"));
+    assert!(String::from_utf8(err)
+        .unwrap()
+        .contains("slot 8: checksum mismatch"));
+    assert!(std::fs::read(&origin).unwrap() == origin_image());
+
+    // --force: the readable dirty entries are written back, the corrupt
+    // one is left as it is.
+    let mut err = vec![];
+    let sum = writeback(&cache, &origin, false, true, &mut vec![], &mut err).unwrap();
+    assert_eq!((sum.blocks, sum.skipped_corrupt), (3, 1));
+    assert!(String::from_utf8(err)
+        .unwrap()
+        .contains("skipping 1 corrupt entry (--force)"));
+    let got = std::fs::read(&origin).unwrap();
+    assert_eq!(got[10 * 4096], fill(10));
+    assert_eq!(got[40 * 4096], 0xee, "block 40's entry was corrupt");
+    let after = std::fs::read(&cache).unwrap();
+    assert_eq!(
+        after[entry_off(8)..entry_off(8) + 32],
+        img[entry_off(8)..entry_off(8) + 32],
+        "the corrupt entry is not touched"
+    );
+
+    // Duplicates: refused; --force skips that block.
+    let mut es = entries();
+    es.push((20, 40, true, 3));
+    let cache = d.file("dup.img", &build_image(&sb(7), CACHE_SECTORS, &es, fill));
+    let origin = d.file("origin2.img", &origin_image());
+    let e = writeback(&cache, &origin, false, false, &mut vec![], &mut vec![]).unwrap_err();
+    assert_eq!(e.kind, Kind::DuplicateDirty);
+    let sum = writeback(&cache, &origin, false, true, &mut vec![], &mut vec![]).unwrap();
+    assert_eq!((sum.blocks, sum.skipped_duplicate), (3, 1));
+    assert_eq!(std::fs::read(&origin).unwrap()[40 * 4096], 0xee);
+
+    // Bad superblock, blank device.
+    let mut img = image();
+    img[40] ^= 1;
+    let cache = d.file("badsb.img", &img);
+    let e = writeback(&cache, &origin, false, false, &mut vec![], &mut vec![]).unwrap_err();
+    assert_eq!(e.kind, Kind::BadSuperblock);
+    let cache = d.file("blank.img", &vec![0u8; 1 << 20]);
+    let e = writeback(&cache, &origin, false, false, &mut vec![], &mut vec![]).unwrap_err();
+    assert_eq!(e.kind, Kind::NoSuperblock);
+
+    // An origin smaller than the cache's origin.
+    let cache = d.file("good.img", &image());
+    let small = d.file("small.img", &vec![0u8; 1 << 20]);
+    let e = writeback(&cache, &small, false, false, &mut vec![], &mut vec![]).unwrap_err();
+    assert_eq!(e.kind, Kind::Usage);
+    assert!(e.msg.contains("not its origin?"), "{}", e.msg);
+
+    // The same file twice.
+    let e = writeback(&cache, &cache, false, false, &mut vec![], &mut vec![]).unwrap_err();
+    assert_eq!(e.kind, Kind::Usage);
+    let e = writeback(
+        "/nonexistent",
+        &origin,
+        false,
+        false,
+        &mut vec![],
+        &mut vec![],
+    )
+    .unwrap_err();
+    assert_eq!(e.kind, Kind::Unreadable);
+}
+
+#[test]
+fn runs_merge_adjacent_blocks_up_to_the_limit() {
+    let refs: Vec<DirtyRef> = [1u64, 2, 3, 4, 5, 9, 10]
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| DirtyRef {
+            block: b,
+            slot: 100 - i as u64,
+            seq: 1,
+        })
+        .collect();
+    let runs = plan_runs(&refs, 4096, 3 * 4096);
+    let firsts: Vec<(u64, u64)> = runs.iter().map(|r| (r.first_block(), r.len())).collect();
+    assert_eq!(firsts, vec![(1, 3), (4, 2), (9, 2)]);
+    assert_eq!(ranges([1u64, 2, 3, 5, 7, 8].into_iter()), "1-3, 5, 7-8");
+}
