@@ -17,7 +17,7 @@
 //! * `block_size=SIZE` (default 4K; units as for --block-size)
 //! * `mode=writeback|writethrough|passthrough`
 //! * any tunable `KEY=VALUE` (flush_depth, max_flush_kb, bridge_gap_kb,
-//!   high_watermark, low_watermark, flush_on_suspend)
+//!   high_watermark, low_watermark, flush_on_suspend, commit_ms)
 //! * `noauto`: not activated by `activate --all`.
 
 use serde::Serialize;

@@ -6,6 +6,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::disk::ReadAt;
 use crate::dm::{DevInfo, Dm, Target};
 use crate::error::{busy, failure, not_found, Error, Kind, Result};
 use crate::host::{BlockDev, Host};
@@ -201,6 +202,8 @@ impl Dm for FakeDm {
         if let (Some(sim), Some(t0)) = (&d.sim, t.first_mut()) {
             if t0.ttype == TARGET_TYPE {
                 let mut spec = TableSpec::parse_params(&t0.params).unwrap();
+                // Like the kernel: 'format' is not printed back.
+                spec.format = false;
                 if sim.mode != "writeback" {
                     spec.mode = Some(sim.mode.parse().unwrap());
                 }
@@ -368,6 +371,42 @@ pub struct FakeHost {
     pub clock: Cell<f64>,
     pub kmsg: RefCell<Option<String>>,
     pub readonly_files: Cell<bool>,
+    /// Content of block devices by path (the start of it: the rest reads
+    /// as zeros).  A device without an image is blank.
+    pub images: RefCell<BTreeMap<String, Vec<u8>>>,
+    /// Devices whose superblock was cleared.
+    pub cleared: RefCell<Vec<String>>,
+}
+
+/// A device image: `data`, then zeros up to `size`.
+struct SparseImage {
+    name: String,
+    size: u64,
+    data: Vec<u8>,
+}
+
+impl ReadAt for SparseImage {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn size_bytes(&self) -> u64 {
+        self.size
+    }
+    fn read_at(&self, off: u64, len: usize) -> Result<Vec<u8>> {
+        if off + len as u64 > self.size {
+            return Err(Error::new(
+                Kind::Unreadable,
+                format!("{}: read beyond the end", self.name),
+            ));
+        }
+        let mut v = vec![0u8; len];
+        let o = off as usize;
+        if o < self.data.len() {
+            let n = len.min(self.data.len() - o);
+            v[..n].copy_from_slice(&self.data[o..o + n]);
+        }
+        Ok(v)
+    }
 }
 
 impl FakeHost {
@@ -439,6 +478,26 @@ impl Host for FakeHost {
     }
     fn stderr_is_tty(&self) -> bool {
         false
+    }
+    fn clear_superblock(&self, bd: &BlockDev) -> Result<()> {
+        self.cleared.borrow_mut().push(bd.path.clone());
+        if let Some(img) = self.images.borrow_mut().get_mut(&bd.path) {
+            let n = img.len().min(4096);
+            img[..n].fill(0);
+        }
+        Ok(())
+    }
+    fn open_read(&self, bd: &BlockDev) -> Result<Box<dyn ReadAt>> {
+        Ok(Box::new(SparseImage {
+            name: bd.path.clone(),
+            size: bd.size_bytes,
+            data: self
+                .images
+                .borrow()
+                .get(&bd.path)
+                .cloned()
+                .unwrap_or_default(),
+        }))
     }
 }
 

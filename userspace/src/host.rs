@@ -9,6 +9,7 @@ use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
+use crate::disk::{Access, Dev, ReadAt};
 use crate::error::{failure, not_found, Error, Kind, Result};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -53,6 +54,13 @@ pub trait Host {
     fn sleep(&self, secs: f64);
     /// Whether stderr is a terminal (for the progress bar).
     fn stderr_is_tty(&self) -> bool;
+    /// Open a block device for reading its tiercache metadata (bypassing
+    /// the page cache, which may hold an older superblock than the one the
+    /// module last wrote).
+    fn open_read(&self, bd: &BlockDev) -> Result<Box<dyn ReadAt>>;
+    /// Zero the superblock area of a cache device (exclusive open, synced):
+    /// it reads as never formatted afterwards.
+    fn clear_superblock(&self, bd: &BlockDev) -> Result<()>;
 }
 
 pub struct RealHost;
@@ -344,6 +352,25 @@ impl Host for RealHost {
     fn stderr_is_tty(&self) -> bool {
         // SAFETY: isatty on a constant fd.
         unsafe { libc::isatty(2) == 1 }
+    }
+
+    fn open_read(&self, bd: &BlockDev) -> Result<Box<dyn ReadAt>> {
+        // The node the user named, else the kernel's own (no udev links).
+        match Dev::open(&bd.path, Access::Read) {
+            Ok(d) => Ok(Box::new(d)),
+            Err(e) => {
+                let alt = format!("/dev/block/{}:{}", bd.devno.0, bd.devno.1);
+                Dev::open(&alt, Access::Read)
+                    .map(|d| Box::new(d) as Box<dyn ReadAt>)
+                    .map_err(|_| e)
+            }
+        }
+    }
+
+    fn clear_superblock(&self, bd: &BlockDev) -> Result<()> {
+        let d = Dev::open(&bd.path, Access::WriteExclusive)?;
+        d.write_at(0, &vec![0u8; (crate::disk::SB_SECTORS * 512) as usize])?;
+        d.sync()
     }
 }
 

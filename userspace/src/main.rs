@@ -3,6 +3,7 @@
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::cell::RefCell;
+use std::io::Write;
 use std::process::ExitCode;
 
 use tiercache::config::{DevRef, Options, DEFAULT_PATH};
@@ -10,6 +11,7 @@ use tiercache::dm::KernelDm;
 use tiercache::error::{usage, Result};
 use tiercache::host::RealHost;
 use tiercache::lvm::LvmCmd;
+use tiercache::meta;
 use tiercache::ops::{Ctx, DetachCache, FlushOpts, Setup};
 use tiercache::progress::ProgressMode;
 use tiercache::status::Mode;
@@ -27,6 +29,11 @@ Exit status:
   7  timed out
   8  the kernel's answer was not understood, or the target is missing
   9  configuration file error
+ 10  a device cannot be opened or read
+ 11  no tiercache superblock on the cache device (never formatted)
+ 12  the superblock is corrupt, of an unknown version, or larger than the device
+ 13  corrupt metadata entries
+ 14  duplicate dirty entries (one origin block dirty in several slots)
 
 Units: sizes take a suffix (s = 512-byte sectors, b, K, M, G); a bare number
 is KiB.  Keys ending in _kb are KiB, watermarks are percent of the cache.";
@@ -100,6 +107,9 @@ struct CacheOpts {
     /// Flush all dirty data when the device is suspended (0 or 1; default 0)
     #[arg(long, value_name = "0|1")]
     flush_on_suspend: Option<u64>,
+    /// Metadata commit interval in milliseconds while anything changed (1-600000; default 1000)
+    #[arg(long, value_name = "MS")]
+    commit_ms: Option<u64>,
 }
 
 impl CacheOpts {
@@ -120,6 +130,7 @@ impl CacheOpts {
             (Key::HighWatermark, self.high_watermark),
             (Key::LowWatermark, self.low_watermark),
             (Key::FlushOnSuspend, self.flush_on_suspend),
+            (Key::CommitMs, self.commit_ms),
         ] {
             if let Some(v) = v {
                 table::check_value(k, &v.to_string(), block_size)?;
@@ -186,7 +197,13 @@ enum Cmd {
 ORIGIN and CACHE are block devices (/dev/...) or logical volumes (VG/LV).
 Both must be unused.  The device covers the whole origin and appears as
 /dev/mapper/NAME and /dev/tiercache/NAME.  With --save it is also listed in
-the configuration file and set up again by 'tiercache activate --all'.")]
+the configuration file and set up again by 'tiercache activate --all'.
+
+The cache's superblock decides what happens to its content: a blank cache is
+formatted; a cache made for this device (same name, origin size and block
+size) is loaded with its dirty data, so a cache survives a reboot; anything
+else is refused.  --format starts afresh, but never while the cache holds
+dirty data ('tiercache writeback' writes it back offline).")]
     Create {
         /// Name of the new device
         name: String,
@@ -199,6 +216,9 @@ the configuration file and set up again by 'tiercache activate --all'.")]
         /// Also list the device in the configuration file
         #[arg(long)]
         save: bool,
+        /// Format the cache afresh even if it holds metadata (refused while it holds dirty data)
+        #[arg(long)]
+        format: bool,
     },
     /// Flush and remove a cached device
     #[command(after_help = "\
@@ -240,8 +260,9 @@ the flush completed, 6 on a writeback error, 7 on --timeout.")]
     /// Change a setting of a running device
     #[command(after_help = "\
 Keys: flush_depth, max_flush_kb, bridge_gap_kb, high_watermark,
-low_watermark, flush_on_suspend (live), mode (writeback|writethrough|
-passthrough; reloads the table, keeps the cached data), cleaner (on|off).")]
+low_watermark, flush_on_suspend, commit_ms (live), mode (writeback|
+writethrough|passthrough; reloads the table, keeps the cached data),
+cleaner (on|off).")]
     Set {
         name: String,
         key: String,
@@ -277,6 +298,9 @@ that boot-time autoactivation never exposes the origin without its cache;
         /// Do not record the device in the configuration file
         #[arg(long)]
         no_save: bool,
+        /// Format the cache afresh even if it holds metadata (refused while it holds dirty data)
+        #[arg(long)]
+        format: bool,
     },
     /// Flush and stop caching, keeping the device (and a mounted filesystem) in place
     #[command(after_help = "\
@@ -302,12 +326,18 @@ Each line of the configuration file (default /etc/tiercache.conf) reads
 with ORIGIN and CACHE as VG/LV or /dev/... paths, and OPTIONS a comma list of
 block_size=SIZE, mode=MODE, KEY=VALUE tunables and noauto (skipped by --all).
 The cache is set up before the origin is touched; if it is missing, the
-origin is left alone (and its LV inactive).")]
+origin is left alone (and its LV inactive).  Activation loads the cache's
+metadata and never formats it: a blank cache, a bad superblock or one made
+for another device fails loudly and the origin stays hidden.  --format
+(with names only) formats a blank or clean cache once.")]
     Activate {
         /// All devices in the configuration file (except noauto ones)
         #[arg(long)]
         all: bool,
         names: Vec<String>,
+        /// Format the named devices' caches (refused while they hold dirty data)
+        #[arg(long, conflicts_with = "all")]
+        format: bool,
     },
     /// Flush and remove configured devices, then deactivate their LVs (shutdown)
     Deactivate {
@@ -318,9 +348,72 @@ origin is left alone (and its LV inactive).")]
         #[command(flatten)]
         wait: WaitOpts,
     },
+    /// Check the metadata of a cache device (offline)
+    #[command(after_help = "\
+Reads the superblock and every entry with the module's own decoder and
+prints a summary.  DEVICE may be a block device or an image file.  Exit
+status: 0 consistent, 10 cannot read the device, 11 no superblock (never
+formatted), 12 superblock corrupt or of an unknown version, 13 corrupt
+entries (each listed with its slot and the reason), 14 an origin block dirty
+in several slots; the lowest applies.  Entries of a commit that did not
+finish are ignored, as the module ignores them.")]
+    Check {
+        /// Cache device or image file
+        device: String,
+        /// Machine-readable output
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the superblock and the entries of a cache device
+    #[command(after_help = "\
+Each entry: slot, origin block, state (dirty, clean, uncommitted, or what is
+wrong with it) and the commit that wrote it.  Exit status as for check, but
+corrupt entries are shown, not judged.")]
+    Dump {
+        /// Cache device or image file
+        device: String,
+        /// Machine-readable output
+        #[arg(long)]
+        json: bool,
+        /// Also the empty slots
+        #[arg(long)]
+        all: bool,
+    },
+    /// Write a cache's dirty blocks to its origin without the module (offline)
+    #[command(after_help = "\
+For when the cache cannot be set up: every committed dirty block is copied
+from its slot to the origin, in origin order, adjacent blocks merged into
+writes of up to 4 MiB; the origin is synced, then the entries are rewritten
+as clean (and synced), so that a later load does not write them again.  Both
+devices are opened exclusively: refused while a device-mapper device or a
+mount uses either.  Refused on a bad superblock, on corrupt entries and on
+ambiguous (duplicate) dirty entries; --force writes back the rest and leaves
+those as they are.  Exit status as for check, 4 when a device is in use.")]
+    Writeback {
+        /// The cache device (or image file)
+        #[arg(long, value_name = "DEV")]
+        cache: String,
+        /// Its origin device (or image file)
+        #[arg(long, value_name = "DEV")]
+        origin: String,
+        /// Show what would be written, write nothing
+        #[arg(long)]
+        dry_run: bool,
+        /// Skip corrupt and duplicate entries instead of refusing
+        #[arg(long)]
+        force: bool,
+    },
 }
 
-type Action = Box<dyn FnOnce(&Ctx) -> Result<()>>;
+/// A command: through device-mapper, or offline (devices and image files
+/// only, no device-mapper needed).
+enum Action {
+    Dm(DmAction),
+    Offline(OfflineAction),
+}
+type DmAction = Box<dyn FnOnce(&Ctx) -> Result<()>>;
+/// Gets stdout and stderr.
+type OfflineAction = Box<dyn FnOnce(&mut dyn Write, &mut dyn Write) -> Result<()>>;
 
 /// Check the whole command line first, so that a usage error is reported
 /// as one (exit 2) even without root or device-mapper.
@@ -332,6 +425,7 @@ fn plan(cmd: Cmd) -> Result<Action> {
             cache,
             opts,
             save,
+            format,
         } => {
             let origin = DevRef::parse(&origin).map_err(|e| usage(format!("origin: {e}")))?;
             let cache = DevRef::parse(&cache).map_err(|e| usage(format!("cache: {e}")))?;
@@ -341,7 +435,7 @@ fn plan(cmd: Cmd) -> Result<Action> {
                 cache,
                 options: opts.to_options()?,
             };
-            Box::new(move |c| c.create(&s, save))
+            Action::Dm(Box::new(move |c| c.create(&s, save, format)))
         }
         Cmd::Remove {
             name,
@@ -350,29 +444,30 @@ fn plan(cmd: Cmd) -> Result<Action> {
             wait,
         } => {
             let o = wait.to_opts()?;
-            Box::new(move |c| c.remove(&name, no_flush, force, o))
+            Action::Dm(Box::new(move |c| c.remove(&name, no_flush, force, o)))
         }
-        Cmd::Status { names, json } => Box::new(move |c| c.status(&names, json)),
+        Cmd::Status { names, json } => Action::Dm(Box::new(move |c| c.status(&names, json))),
         Cmd::Flush { name, wait, opts } => {
             let o = opts.to_opts()?;
             if !wait && (opts.timeout.is_some()) {
                 return Err(usage("--timeout only makes sense with --wait"));
             }
-            Box::new(move |c| c.flush(&name, wait, o))
+            Action::Dm(Box::new(move |c| c.flush(&name, wait, o)))
         }
         Cmd::Set {
             name,
             key,
             value,
             save,
-        } => Box::new(move |c| c.set(&name, &key, &value, save)),
-        Cmd::List { json } => Box::new(move |c| c.list(json)),
+        } => Action::Dm(Box::new(move |c| c.set(&name, &key, &value, save))),
+        Cmd::List { json } => Action::Dm(Box::new(move |c| c.list(json))),
         Cmd::Attach {
             origin,
             cache,
             name,
             opts,
             no_save,
+            format,
         } => {
             for (what, v) in [("origin", &origin), ("--cache", &cache)] {
                 if !matches!(DevRef::parse(v), Ok(DevRef::Lv { .. })) {
@@ -387,7 +482,9 @@ fn plan(cmd: Cmd) -> Result<Action> {
                 }
             }
             let options = opts.to_options()?;
-            Box::new(move |c| c.attach(&origin, &cache, name.as_deref(), options, !no_save))
+            Action::Dm(Box::new(move |c| {
+                c.attach(&origin, &cache, name.as_deref(), options, !no_save, format)
+            }))
         }
         Cmd::Detach {
             name,
@@ -401,15 +498,15 @@ fn plan(cmd: Cmd) -> Result<Action> {
             } else {
                 DetachCache::Split
             };
-            Box::new(move |c| c.detach(&name, m, o))
+            Action::Dm(Box::new(move |c| c.detach(&name, m, o)))
         }
-        Cmd::Activate { all, names } => {
+        Cmd::Activate { all, names, format } => {
             if all != names.is_empty() {
                 return Err(usage(
                     "give either --all or the names of devices listed in the configuration file",
                 ));
             }
-            Box::new(move |c| c.activate(all, &names))
+            Action::Dm(Box::new(move |c| c.activate(all, &names, format)))
         }
         Cmd::Deactivate { all, names, wait } => {
             if all != names.is_empty() {
@@ -418,13 +515,32 @@ fn plan(cmd: Cmd) -> Result<Action> {
                 ));
             }
             let o = wait.to_opts()?;
-            Box::new(move |c| c.deactivate(all, &names, o))
+            Action::Dm(Box::new(move |c| c.deactivate(all, &names, o)))
         }
+        Cmd::Check { device, json } => Action::Offline(Box::new(move |out, err| {
+            meta::check(&device, json, out, err)
+        })),
+        Cmd::Dump { device, json, all } => Action::Offline(Box::new(move |out, err| {
+            meta::dump(&device, json, all, out, err)
+        })),
+        Cmd::Writeback {
+            cache,
+            origin,
+            dry_run,
+            force,
+        } => Action::Offline(Box::new(move |out, err| {
+            meta::writeback(&cache, &origin, dry_run, force, out, err).map(|_| ())
+        })),
     })
 }
 
 fn run(cli: Cli) -> Result<()> {
-    let action = plan(cli.cmd)?;
+    let action = match plan(cli.cmd)? {
+        Action::Dm(a) => a,
+        Action::Offline(a) => {
+            return a(&mut std::io::stdout().lock(), &mut std::io::stderr().lock());
+        }
+    };
     let dm = KernelDm::open()?;
     let host = RealHost;
     let lvm = LvmCmd;

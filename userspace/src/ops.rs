@@ -7,6 +7,7 @@ use std::cell::RefCell;
 use std::io::Write;
 
 use crate::config::{self, DevRef, Entry, Options};
+use crate::disk::{self, SbRead, SbState, Survey};
 use crate::dm::{DevInfo, Dm, Target};
 use crate::error::{busy, failure, not_found, usage, Error, Kind, Result};
 use crate::host::{BlockDev, Host};
@@ -68,6 +69,49 @@ pub struct Setup {
     pub origin: DevRef,
     pub cache: DevRef,
     pub options: Options,
+}
+
+/// Whether setting a device up may format its cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FormatPolicy {
+    /// `create`, `attach`: a blank cache is formatted, a valid and
+    /// matching one is loaded, anything else is refused.
+    Auto,
+    /// `activate` (boot): a blank cache is refused too.
+    Never,
+    /// `--format`: a fresh format, refused while dirty data exists.
+    Force,
+}
+
+impl FormatPolicy {
+    pub fn auto_or_force(format: bool) -> FormatPolicy {
+        if format {
+            FormatPolicy::Force
+        } else {
+            FormatPolicy::Auto
+        }
+    }
+}
+
+/// What the table does with the cache's metadata.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetaAction {
+    /// Load it (no `format` argument).
+    Load { commit_seq: u64 },
+    /// Format the cache (`format` argument); `clear`: zero its superblock
+    /// first (one of another geometry, which the module does not format
+    /// over).
+    Format { clear: bool },
+}
+
+/// A device set up by `Ctx::setup`.
+#[derive(Clone, Debug)]
+pub struct SetupDone {
+    pub info: DevInfo,
+    pub origin_lv: Option<LvInfo>,
+    pub cache_lv: Option<LvInfo>,
+    /// "cache X formatted" or "cache X loaded ...: N dirty".
+    pub meta_note: String,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -281,12 +325,9 @@ impl<'a> Ctx<'a> {
 
     /// Build the table for `s` and bring the device up.  LVs are activated
     /// if `activate` (cache first: an origin is never exposed when its cache
-    /// cannot be set up).  Returns the device and the LVs used.
-    pub fn setup(
-        &self,
-        s: &Setup,
-        activate: bool,
-    ) -> Result<(DevInfo, Option<LvInfo>, Option<LvInfo>)> {
+    /// cannot be set up).  The cache's superblock decides between loading
+    /// its metadata and formatting it (`FormatPolicy`, `decide_format`).
+    pub fn setup(&self, s: &Setup, activate: bool, policy: FormatPolicy) -> Result<SetupDone> {
         if !config::valid_name(&s.name) {
             return Err(usage(format!(
                 "'{}' is not a valid device name (letters, digits, '+', '_', '.', '-'; not starting with '-')",
@@ -307,6 +348,11 @@ impl<'a> Ctx<'a> {
             )));
         }
         let (cache, cache_lv) = self.resolve(&s.cache, "cache", activate)?;
+        self.check_free("cache", &s.cache, &cache)?;
+        // The cache's metadata is judged before the origin is touched (or
+        // its LV activated): a cache that cannot be used stops here.
+        let sbr = self.read_cache_sb(s, &cache)?;
+        self.precheck_meta(s, &cache, &sbr, policy)?;
         let (origin, origin_lv) = self.resolve(&s.origin, "origin", activate)?;
         if origin.devno == cache.devno {
             return Err(usage(format!(
@@ -315,14 +361,16 @@ impl<'a> Ctx<'a> {
             )));
         }
         self.check_free("origin", &s.origin, &origin)?;
-        self.check_free("cache", &s.cache, &cache)?;
 
         let bs = s.options.block_size;
         let block_bytes = bs as u64 * 512;
-        let slots = cache.size_bytes / block_bytes;
+        // As the kernel counts: the slots left beside the metadata.
+        let slots = disk::layout(cache.size_bytes / 512, bs)
+            .map(|l| l.nr_slots)
+            .unwrap_or(0);
         if slots < table::MIN_CACHE_BLOCKS {
             return Err(usage(format!(
-                "cache {} holds {} blocks of {}, at least {} are needed",
+                "cache {} holds {} blocks of {} beside its metadata, at least {} are needed",
                 s.cache,
                 slots,
                 fmt_bytes(block_bytes),
@@ -334,19 +382,36 @@ impl<'a> Ctx<'a> {
         if len == 0 {
             return Err(usage(format!("origin {} is empty", s.origin)));
         }
+        let meta = self.decide_format(s, &cache, &sbr, len, bs, policy)?;
         let mut spec = TableSpec::new(&origin.devno_str(), &cache.devno_str(), bs);
         spec.mode = s.options.mode;
+        spec.format = matches!(meta, MetaAction::Format { .. });
         for (k, v) in &s.options.tunables {
             spec.set(*k, *v);
         }
         spec.validate()?;
         self.ensure_target()?;
+        if let MetaAction::Format { clear: true } = meta {
+            // The module formats only over a blank device or a superblock
+            // of the same geometry; this one was checked to hold no dirty
+            // data.
+            self.host
+                .clear_superblock(&cache)
+                .map_err(|e| e.context(&s.name))?;
+        }
 
         let info = self.dm.create(&s.name, Some(&uuid_for(&s.name)))?;
         let targets = [Target::new(0, len, TARGET_TYPE, spec.to_params())];
         if let Err(e) = self.dm.load(&s.name, &targets) {
             let reason = self.host.kernel_error(info.devno);
             let _ = self.dm.remove(&s.name);
+            if let MetaAction::Load { .. } = meta {
+                // The module refuses corrupt or ambiguous entries: say
+                // which, as 'tiercache check' would.
+                if let Some(err) = self.explain_load_refusal(s, &cache, &sbr) {
+                    return Err(err);
+                }
+            }
             let mut err = Error::new(
                 if e.kind == Kind::Busy {
                     Kind::Busy
@@ -373,14 +438,323 @@ impl<'a> Ctx<'a> {
         }
         self.host.make_nodes(&s.name, info.devno)?;
         let info = self.dm.info(&s.name)?.unwrap_or(info);
-        Ok((info, origin_lv, cache_lv))
+        let meta_note = match meta {
+            MetaAction::Format { clear: false } => format!("cache {} formatted", s.cache),
+            MetaAction::Format { clear: true } => format!(
+                "cache {} formatted (its superblock, of another geometry and without dirty data, was cleared first)",
+                s.cache
+            ),
+            MetaAction::Load { commit_seq } => {
+                let dirty = self
+                    .refresh(&s.name)
+                    .map(|(_, st)| {
+                        format!(
+                            "{} dirty ({} blocks)",
+                            fmt_bytes(st.dirty_bytes()),
+                            st.dirty_blocks
+                        )
+                    })
+                    .unwrap_or_else(|_| "dirty data unknown".into());
+                format!(
+                    "cache {} loaded from its metadata (commit {commit_seq}): {dirty}",
+                    s.cache
+                )
+            }
+        };
+        Ok(SetupDone {
+            info,
+            origin_lv,
+            cache_lv,
+            meta_note,
+        })
     }
 
-    pub fn create(&self, s: &Setup, save: bool) -> Result<()> {
+    // ----------------------------------------------------------------
+    // The cache's metadata: load or format
+    // ----------------------------------------------------------------
+
+    fn read_cache_sb(&self, s: &Setup, cache: &BlockDev) -> Result<SbRead> {
+        let dev = self.host.open_read(cache).map_err(|e| e.context(&s.name))?;
+        disk::read_superblock(dev.as_ref()).map_err(|e| e.context(&s.name))
+    }
+
+    fn survey_cache(&self, s: &Setup, cache: &BlockDev, sbr: &SbRead) -> Result<Survey> {
+        let dev = self.host.open_read(cache).map_err(|e| e.context(&s.name))?;
+        disk::survey(dev.as_ref(), sbr.sb.as_ref().unwrap()).map_err(|e| e.context(&s.name))
+    }
+
+    /// What to tell the user to do to get a fresh format for `s`.
+    fn format_how(s: &Setup, policy: FormatPolicy) -> String {
+        match policy {
+            FormatPolicy::Never => format!("'tiercache activate --format {}'", s.name),
+            _ => "--format".to_string(),
+        }
+    }
+
+    /// The checks that need only the cache: a blank cache is never
+    /// formatted at boot, an unreadable superblock is never loaded.
+    fn precheck_meta(
+        &self,
+        s: &Setup,
+        cache: &BlockDev,
+        sbr: &SbRead,
+        policy: FormatPolicy,
+    ) -> Result<()> {
+        let name = &s.name;
+        let cpath = &cache.path;
+        match sbr.state {
+            SbState::Blank if policy == FormatPolicy::Never => Err(Error::new(
+                Kind::NoSuperblock,
+                format!(
+                    "{name}: cache {} holds no tiercache metadata (never formatted, or wiped): activation does not format a cache",
+                    s.cache
+                ),
+            )
+            .hint(format!(
+                "if {} is the right cache device for {name} and whatever it holds may be overwritten, format it once with {}",
+                s.cache,
+                Self::format_how(s, policy)
+            ))),
+            SbState::BadVersion => Err(Error::new(
+                Kind::BadSuperblock,
+                format!(
+                    "{name}: cache {}: {} (written by another version of dm-tiercache?)",
+                    s.cache,
+                    SbState::BadVersion.describe()
+                ),
+            )
+            .hint(
+                "set it up with the module version that wrote it; this tool neither loads nor formats it",
+            )),
+            SbState::BadCsum | SbState::BadFields if policy != FormatPolicy::Force => {
+                Err(Error::new(
+                    Kind::BadSuperblock,
+                    format!("{name}: cache {}: {}", s.cache, sbr.state.describe()),
+                )
+                .hint(format!(
+                    "'tiercache check {cpath}' tells more; the dirty data of this cache cannot be located, so {name} is not set up (its origin stays hidden); {} formats the cache afresh if its content is lost for good",
+                    Self::format_how(s, policy)
+                )))
+            }
+            SbState::Ok if policy != FormatPolicy::Force => match sbr.problem(cpath) {
+                Some(e) => Err(e.context(name)),
+                None => Ok(()),
+            },
+            _ => Ok(()),
+        }
+    }
+
+    /// Load or format, from the superblock of the cache, the table's block
+    /// size, the origin's length and the device's uuid:
+    ///
+    /// * blank: format (`Auto`, `Force`); `Never` was refused before;
+    /// * valid and matching (block size, origin length, and the uuid if the
+    ///   superblock holds one): load, without `format`, unless `Force`;
+    /// * valid but not matching: refused (dirty data: exit 5; none: exit 4,
+    ///   `--format` reformats);
+    /// * `Force`: refused while committed dirty entries exist (the kernel
+    ///   refuses too); a corrupt superblock is formatted over, with a
+    ///   warning.
+    fn decide_format(
+        &self,
+        s: &Setup,
+        cache: &BlockDev,
+        sbr: &SbRead,
+        origin_sectors: u64,
+        block_sectors: u32,
+        policy: FormatPolicy,
+    ) -> Result<MetaAction> {
+        let name = &s.name;
+        let Some(sb) = sbr.sb.as_ref().filter(|_| sbr.state == SbState::Ok) else {
+            if sbr.state != SbState::Blank {
+                errln!(
+                    self,
+                    "tiercache: warning: {name}: cache {}: {}; formatting it as asked (--format): whatever it held is dropped",
+                    s.cache,
+                    sbr.state.describe()
+                );
+            }
+            return Ok(MetaAction::Format { clear: false });
+        };
+        let uuid = uuid_for(name);
+        let bb = sb.layout.block_bytes();
+        // The geometry this table gives the device (tc_disk_layout).
+        let slots_now = disk::layout(cache.size_bytes / 512, block_sectors)
+            .map(|l| l.nr_slots)
+            .unwrap_or(0);
+        let same_geometry = sb.layout.nr_slots == slots_now;
+        let mut mismatch = vec![];
+        if sb.layout.block_sectors != block_sectors {
+            mismatch.push(format!(
+                "it has {} blocks, not {}",
+                fmt_bytes(bb),
+                fmt_bytes(block_sectors as u64 * 512)
+            ));
+        } else if !same_geometry {
+            mismatch.push(format!(
+                "it was formatted for {} slots, the device now holds {slots_now}",
+                sb.layout.nr_slots
+            ));
+        }
+        if sb.origin_sectors != origin_sectors {
+            mismatch.push(format!(
+                "it caches an origin of {} sectors, {} has {}",
+                sb.origin_sectors, s.origin, origin_sectors
+            ));
+        }
+        if !sb.uuid.is_empty() && sb.uuid != uuid {
+            let owner = sb.uuid.strip_prefix(UUID_PREFIX).unwrap_or(&sb.uuid);
+            mismatch.push(format!(
+                "it belongs to the device '{owner}' (uuid {})",
+                sb.uuid
+            ));
+        }
+        if mismatch.is_empty() && policy != FormatPolicy::Force {
+            return Ok(MetaAction::Load {
+                commit_seq: sb.commit_seq,
+            });
+        }
+        // Refusing or formatting: what is at stake is the dirty data.
+        let survey = if sbr.entries_readable() {
+            Some(self.survey_cache(s, cache, sbr)?)
+        } else {
+            None
+        };
+        let dirty = survey
+            .as_ref()
+            .map(|v| v.dirty_for_format(sb.commit_seq))
+            .unwrap_or(0);
+        let corrupt = survey.as_ref().map(|v| v.counts.corrupt).unwrap_or(0);
+        let writeback_hint = format!(
+            "'tiercache writeback --cache {} --origin ORIGIN' writes them to their origin offline",
+            cache.path
+        );
+        if !mismatch.is_empty() {
+            let what = mismatch.join("; ");
+            if dirty > 0 {
+                return Err(Error::new(
+                    Kind::Dirty,
+                    format!(
+                        "{name}: cache {} holds {} of dirty data ({dirty} blocks) for another set-up: {what}",
+                        s.cache,
+                        fmt_bytes(dirty * bb)
+                    ),
+                )
+                .hint(format!(
+                    "set it up as it was made (name, origin, block size {}), or {writeback_hint}; --format and --force do not drop dirty data",
+                    fmt_bytes(bb)
+                )));
+            }
+            if policy != FormatPolicy::Force {
+                return Err(busy(format!(
+                    "{name}: cache {} is formatted for another set-up ({what}); it holds no dirty data",
+                    s.cache
+                ))
+                .hint(format!(
+                    "{} reformats it for {name}",
+                    Self::format_how(s, policy)
+                )));
+            }
+        }
+        if dirty > 0 {
+            return Err(Error::new(
+                Kind::Dirty,
+                format!(
+                    "{name}: refusing to format cache {}: it holds {} of dirty data ({dirty} blocks) not yet on the origin (the kernel refuses too)",
+                    s.cache,
+                    fmt_bytes(dirty * bb)
+                ),
+            )
+            .hint(format!(
+                "set {name} up without --format to keep it, then 'tiercache flush --wait {name}'; or {writeback_hint}. --force does not drop dirty data"
+            )));
+        }
+        if corrupt > 0 {
+            errln!(
+                self,
+                "tiercache: warning: {name}: cache {}: {corrupt} corrupt metadata {} dropped by the format ('tiercache check {}' lists them)",
+                s.cache,
+                if corrupt == 1 { "entry" } else { "entries" },
+                cache.path
+            );
+        }
+        if survey.is_none() {
+            errln!(
+                self,
+                "tiercache: warning: {name}: cache {}: its metadata lies beyond the end of the device; formatting it as asked (--format)",
+                s.cache
+            );
+        }
+        Ok(MetaAction::Format {
+            clear: !same_geometry,
+        })
+    }
+
+    /// After the module refused to load a cache: the corrupt or duplicate
+    /// entries it found, if that was the reason.
+    fn explain_load_refusal(&self, s: &Setup, cache: &BlockDev, sbr: &SbRead) -> Option<Error> {
+        let v = self.survey_cache(s, cache, sbr).ok()?;
+        let check = format!("'tiercache check {}' lists them", cache.path);
+        let wb = format!(
+            "'tiercache writeback --force --cache {} --origin ORIGIN' saves the dirty blocks of the readable entries",
+            cache.path
+        );
+        if !v.corrupt.is_empty() {
+            let which: Vec<String> = v
+                .corrupt
+                .iter()
+                .take(5)
+                .map(|b| format!("slot {}: {}", b.slot, b.reason))
+                .collect();
+            return Some(
+                Error::new(
+                    Kind::BadEntries,
+                    format!(
+                        "{}: the kernel refused to load cache {}: {} corrupt metadata {} ({}{})",
+                        s.name,
+                        s.cache,
+                        v.corrupt.len(),
+                        if v.corrupt.len() == 1 {
+                            "entry"
+                        } else {
+                            "entries"
+                        },
+                        which.join("; "),
+                        if v.corrupt.len() > 5 { "; ..." } else { "" }
+                    ),
+                )
+                .hint(format!("{check}; {wb}")),
+            );
+        }
+        if !v.duplicates.is_empty() {
+            let which: Vec<String> = v
+                .duplicates
+                .iter()
+                .take(5)
+                .map(|d| format!("block {} in slots {:?}", d.block, d.slots))
+                .collect();
+            return Some(
+                Error::new(
+                    Kind::DuplicateDirty,
+                    format!(
+                        "{}: the kernel refused to load cache {}: origin blocks dirty in several slots ({})",
+                        s.name,
+                        s.cache,
+                        which.join("; ")
+                    ),
+                )
+                .hint(format!("{check}; {wb}")),
+            );
+        }
+        None
+    }
+
+    pub fn create(&self, s: &Setup, save: bool, format: bool) -> Result<()> {
         if save {
             self.config_check_free(&s.name)?;
         }
-        let (info, _, _) = self.setup(s, false)?;
+        let done = self.setup(s, false, FormatPolicy::auto_or_force(format))?;
+        let info = &done.info;
         if save {
             if let Err(e) = self.config_add(s) {
                 let _ = self.dm.remove(&s.name);
@@ -398,6 +772,7 @@ impl<'a> Ctx<'a> {
             s.origin,
             s.cache
         );
+        outln!(self, "{}: {}", s.name, done.meta_note);
         Ok(())
     }
 
@@ -538,8 +913,8 @@ impl<'a> Ctx<'a> {
             // The flush is over when it is not running any more and either
             // the target raised its completion event or we saw it running.
             saw_flushing |= st.flush_state == FlushState::Flushing;
-            let ended = (info.event_nr != ev0 || saw_flushing)
-                && st.flush_state != FlushState::Flushing;
+            let ended =
+                (info.event_nr != ev0 || saw_flushing) && st.flush_state != FlushState::Flushing;
             if ended && st.error != 0 {
                 break Err(Error::new(
                     Kind::FlushFailed,
@@ -787,6 +1162,11 @@ impl<'a> Ctx<'a> {
 
     fn reload(&self, cd: &CacheDev, spec: &TableSpec) -> Result<()> {
         let name = &cd.info.name;
+        // A reload keeps the cache's content: never a format.
+        let spec = &TableSpec {
+            format: false,
+            ..spec.clone()
+        };
         spec.validate()?;
         let t = [Target::new(cd.start, cd.len, TARGET_TYPE, spec.to_params())];
         if let Err(e) = self.dm.load(name, &t) {
@@ -1084,6 +1464,7 @@ impl<'a> Ctx<'a> {
         name: Option<&str>,
         options: Options,
         save: bool,
+        format: bool,
     ) -> Result<()> {
         let (ovg, olv) = Self::lv_ref(origin, "origin")?;
         let (cvg, clv) = Self::lv_ref(cache, "--cache")?;
@@ -1114,7 +1495,7 @@ impl<'a> Ctx<'a> {
         if save {
             self.config_check_free(&name)?;
         }
-        self.setup(&s, true)?;
+        let done = self.setup(&s, true, FormatPolicy::auto_or_force(format))?;
         let undo = |ctx: &Self| {
             let _ = ctx.dm.remove(&name);
             ctx.host.remove_nodes(&name);
@@ -1143,6 +1524,7 @@ impl<'a> Ctx<'a> {
             cvg,
             clv
         );
+        outln!(self, "{name}: {}", done.meta_note);
         Ok(())
     }
 
@@ -1339,12 +1721,25 @@ impl<'a> Ctx<'a> {
             .collect()
     }
 
-    pub fn activate(&self, all: bool, names: &[String]) -> Result<()> {
+    /// Set up configured devices.  Never formats a cache unless `format`
+    /// (only with names, not `--all`): a blank cache, a bad superblock or
+    /// one of another set-up fails loudly and the origin stays hidden.
+    pub fn activate(&self, all: bool, names: &[String], format: bool) -> Result<()> {
+        if format && all {
+            return Err(usage(
+                "--format only with device names: boot activation (--all) never formats a cache",
+            ));
+        }
         let entries = self.config_entries()?;
         let sel = self.select(&entries, all, names)?;
         let mut first_err: Option<Error> = None;
+        let policy = if format {
+            FormatPolicy::Force
+        } else {
+            FormatPolicy::Never
+        };
         for e in sel {
-            let r = self.activate_one(e);
+            let r = self.activate_one(e, policy);
             if let Err(err) = r {
                 let _ = write!(self.err.borrow_mut(), "{}", err.report());
                 first_err.get_or_insert(err);
@@ -1359,7 +1754,7 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    fn activate_one(&self, e: &Entry) -> Result<()> {
+    fn activate_one(&self, e: &Entry, policy: FormatPolicy) -> Result<()> {
         match self.classify(&e.name)? {
             Some(DevKind::Cached(_)) => {
                 outln!(self, "{}: already active", e.name);
@@ -1379,14 +1774,15 @@ impl<'a> Ctx<'a> {
             cache: e.cache.clone(),
             options: e.options.clone(),
         };
-        match self.setup(&s, true) {
-            Ok((info, _, _)) => {
+        match self.setup(&s, true, policy) {
+            Ok(done) => {
                 outln!(
                     self,
-                    "{}: activated ({}:{})",
+                    "{}: activated ({}:{}); {}",
                     e.name,
-                    info.devno.0,
-                    info.devno.1
+                    done.info.devno.0,
+                    done.info.devno.1,
+                    done.meta_note
                 );
                 Ok(())
             }

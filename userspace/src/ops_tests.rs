@@ -6,6 +6,7 @@ use std::io::Write;
 use std::rc::Rc;
 
 use crate::config::{DevRef, Options};
+use crate::disk;
 use crate::error::Kind;
 use crate::fake::{FakeDm, FakeHost, FakeLvm, Sim};
 use crate::lvm::{TAG_CACHE, TAG_ORIGIN};
@@ -42,6 +43,57 @@ struct T {
 const CONF: &str = "/etc/tiercache.conf";
 const MIB: u64 = 1 << 20;
 
+/// The metadata of a formatted cache, for `T::image`.
+#[derive(Clone)]
+struct Meta {
+    uuid: String,
+    cache_bytes: u64,
+    origin_sectors: u64,
+    block_sectors: u32,
+    commit_seq: u64,
+    /// (slot, origin block, dirty, seq)
+    entries: Vec<(u64, u64, bool, u64)>,
+}
+
+impl Meta {
+    /// A cache formatted for device `name` (uuid TIERCACHE-name).
+    fn new(name: &str, cache_bytes: u64, origin_bytes: u64) -> Meta {
+        Meta {
+            uuid: format!("TIERCACHE-{name}"),
+            cache_bytes,
+            origin_sectors: origin_bytes / 512,
+            block_sectors: 8,
+            commit_seq: 10,
+            entries: vec![],
+        }
+    }
+    fn dirty(mut self, n: u64) -> Meta {
+        for k in 0..n {
+            self.entries.push((k, 1000 + k, true, 3));
+        }
+        self
+    }
+    /// Superblock and entries through the C encoder; the data area is left
+    /// out (the fake device reads zeros there).
+    fn bytes(&self) -> Vec<u8> {
+        let layout = disk::layout(self.cache_bytes / 512, self.block_sectors).unwrap();
+        let sb = disk::Superblock {
+            layout,
+            commit_seq: self.commit_seq,
+            origin_sectors: self.origin_sectors,
+            uuid: self.uuid.clone(),
+        };
+        let mut v = vec![0u8; (layout.meta_end_sector() * 512) as usize];
+        v[..disk::SB_BYTES].copy_from_slice(&disk::encode_sb(&sb));
+        for &(slot, block, dirty, seq) in &self.entries {
+            let o = disk::entry_offset(&layout, slot) as usize;
+            v[o..o + disk::ENTRY_BYTES]
+                .copy_from_slice(&disk::encode_entry(slot, block, dirty, seq));
+        }
+        v
+    }
+}
+
 impl T {
     fn new() -> T {
         let t = T {
@@ -68,6 +120,12 @@ impl T {
     }
     fn log(&self) -> Vec<String> {
         self.dm.log.borrow().clone()
+    }
+    fn image(&self, path: &str, m: &Meta) {
+        self.host.images.borrow_mut().insert(path.into(), m.bytes());
+    }
+    fn raw_image(&self, path: &str, data: Vec<u8>) {
+        self.host.images.borrow_mut().insert(path.into(), data);
     }
     fn cached(&self, name: &str, dirty: u64) {
         let mut sim = Sim::new(8, 16384);
@@ -105,15 +163,17 @@ fn create_loads_the_table() {
     let mut s = setup("c", "/dev/slow", "/dev/fast");
     s.options.mode = Some(Mode::Writeback);
     s.options.tunables = vec![(Key::BridgeGapKb, 64)];
-    t.ctx().create(&s, false).unwrap();
+    t.ctx().create(&s, false, false).unwrap();
     assert_eq!(
         t.log(),
         vec![
             "create c",
-            "load c 0 524288 tiercache 8:16 8:32 8 3 writeback bridge_gap_kb 64",
+            "load c 0 524288 tiercache 8:16 8:32 8 4 writeback format bridge_gap_kb 64",
             "resume c"
-        ]
+        ],
+        "a blank cache is formatted"
     );
+    assert!(t.out.text().contains("c: cache /dev/fast formatted"));
     assert_eq!(t.host.nodes.borrow().as_slice(), ["c"]);
     assert!(t.out.text().starts_with("c: created /dev/mapper/c"));
     assert_eq!(
@@ -130,7 +190,7 @@ fn create_refusals() {
     t.cached("busy", 0);
     let e = t
         .ctx()
-        .create(&setup("busy", "/dev/slow", "/dev/fast"), false)
+        .create(&setup("busy", "/dev/slow", "/dev/fast"), false, false)
         .unwrap_err();
     assert_eq!(e.kind, Kind::Busy);
     assert!(
@@ -142,7 +202,7 @@ fn create_refusals() {
 
     let e = t
         .ctx()
-        .create(&setup("x", "/dev/nope", "/dev/fast"), false)
+        .create(&setup("x", "/dev/nope", "/dev/fast"), false, false)
         .unwrap_err();
     assert_eq!(e.kind, Kind::NotFound);
     assert!(e.msg.starts_with("origin: /dev/nope"), "{}", e.msg);
@@ -153,7 +213,7 @@ fn create_refusals() {
         .insert((8, 16), "mounted on /mnt".into());
     let e = t
         .ctx()
-        .create(&setup("x", "/dev/slow", "/dev/fast"), false)
+        .create(&setup("x", "/dev/slow", "/dev/fast"), false, false)
         .unwrap_err();
     assert_eq!(e.kind, Kind::Busy);
     assert!(
@@ -166,30 +226,31 @@ fn create_refusals() {
 
     let e = t
         .ctx()
-        .create(&setup("x", "/dev/slow", "/dev/tiny"), false)
+        .create(&setup("x", "/dev/slow", "/dev/tiny"), false, false)
         .unwrap_err();
     assert_eq!(e.kind, Kind::Usage);
     assert!(
-        e.msg.contains("holds 8 blocks of 4 KiB, at least 16"),
+        e.msg
+            .contains("holds 6 blocks of 4 KiB beside its metadata, at least 16"),
         "{}",
         e.msg
     );
 
     let e = t
         .ctx()
-        .create(&setup("x", "/dev/slow", "/dev/slow"), false)
+        .create(&setup("x", "/dev/slow", "/dev/slow"), false, false)
         .unwrap_err();
     assert_eq!(e.kind, Kind::Usage);
 
     let e = t
         .ctx()
-        .create(&setup("a/b", "/dev/slow", "/dev/fast"), false)
+        .create(&setup("a/b", "/dev/slow", "/dev/fast"), false, false)
         .unwrap_err();
     assert_eq!(e.kind, Kind::Usage);
 
     let mut s = setup("x", "/dev/slow", "/dev/fast");
     s.options.tunables = vec![(Key::HighWatermark, 20), (Key::LowWatermark, 30)];
-    let e = t.ctx().create(&s, false).unwrap_err();
+    let e = t.ctx().create(&s, false, false).unwrap_err();
     assert_eq!(e.kind, Kind::Usage);
     assert!(
         e.msg
@@ -209,7 +270,7 @@ fn create_reports_the_kernel_reason_and_cleans_up() {
     *t.host.kmsg.borrow_mut() = Some("tiercache: Invalid block size: 12".into());
     let e = t
         .ctx()
-        .create(&setup("c", "/dev/slow", "/dev/fast"), false)
+        .create(&setup("c", "/dev/slow", "/dev/fast"), false, false)
         .unwrap_err();
     assert!(
         e.msg.contains("the kernel refused the table") && e.msg.contains("Invalid block size: 12"),
@@ -223,7 +284,7 @@ fn create_reports_the_kernel_reason_and_cleans_up() {
     t.dm.have_target.set(false);
     let e = t
         .ctx()
-        .create(&setup("c", "/dev/slow", "/dev/fast"), false)
+        .create(&setup("c", "/dev/slow", "/dev/fast"), false, false)
         .unwrap_err();
     assert_eq!(e.kind, Kind::Kernel);
     assert!(e.hint.unwrap().contains("modprobe dm-tiercache"));
@@ -233,7 +294,7 @@ fn create_reports_the_kernel_reason_and_cleans_up() {
 fn create_save_writes_config() {
     let t = T::new();
     t.ctx()
-        .create(&setup("c", "/dev/slow", "/dev/fast"), true)
+        .create(&setup("c", "/dev/slow", "/dev/fast"), true, false)
         .unwrap();
     let conf = t.host.files.borrow().get(CONF).cloned().unwrap();
     assert!(
@@ -244,7 +305,7 @@ fn create_save_writes_config() {
     t.dm.devs.borrow_mut().clear();
     let e = t
         .ctx()
-        .create(&setup("c", "/dev/slow", "/dev/fast"), true)
+        .create(&setup("c", "/dev/slow", "/dev/fast"), true, false)
         .unwrap_err();
     assert_eq!(e.kind, Kind::Busy);
     // Unwritable config: the device is rolled back.
@@ -252,7 +313,7 @@ fn create_save_writes_config() {
     t.host.readonly_files.set(true);
     let e = t
         .ctx()
-        .create(&setup("c", "/dev/slow", "/dev/fast"), true)
+        .create(&setup("c", "/dev/slow", "/dev/fast"), true, false)
         .unwrap_err();
     assert_eq!(e.kind, Kind::Config);
     assert!(t.dm.devs.borrow().is_empty());
@@ -480,7 +541,7 @@ fn set_values() {
 fn attach(t: &T) {
     t.lvs();
     t.ctx()
-        .attach("vg/slow", "vg/fast", None, Options::default(), true)
+        .attach("vg/slow", "vg/fast", None, Options::default(), true, false)
         .unwrap();
 }
 
@@ -490,7 +551,7 @@ fn attach_marks_and_saves() {
     attach(&t);
     assert!(
         t.log()
-            .contains(&"load slow 0 524288 tiercache 253:1 253:2 8 0".to_string()),
+            .contains(&"load slow 0 524288 tiercache 253:1 253:2 8 1 format".to_string()),
         "{:?}",
         t.log()
     );
@@ -514,6 +575,7 @@ fn attach_marks_and_saves() {
             Some("other"),
             Options::default(),
             true,
+            false,
         )
         .unwrap_err();
     assert_eq!(e.kind, Kind::Busy);
@@ -531,13 +593,20 @@ fn attach_refusals() {
     t.lvs();
     let e = t
         .ctx()
-        .attach("vg/nope", "vg/fast", None, Options::default(), true)
+        .attach("vg/nope", "vg/fast", None, Options::default(), true, false)
         .unwrap_err();
     assert_eq!(e.kind, Kind::NotFound);
     assert_eq!(e.msg, "logical volume vg/nope not found");
     let e = t
         .ctx()
-        .attach("/dev/slow", "vg/fast", None, Options::default(), true)
+        .attach(
+            "/dev/slow",
+            "vg/fast",
+            None,
+            Options::default(),
+            true,
+            false,
+        )
         .unwrap_err();
     assert_eq!(e.kind, Kind::Usage);
     t.host
@@ -546,7 +615,7 @@ fn attach_refusals() {
         .insert((253, 1), "mounted on /srv".into());
     let e = t
         .ctx()
-        .attach("vg/slow", "vg/fast", None, Options::default(), true)
+        .attach("vg/slow", "vg/fast", None, Options::default(), true, false)
         .unwrap_err();
     assert_eq!(e.kind, Kind::Busy);
     assert!(e.msg.contains("mounted on /srv"));
@@ -556,7 +625,7 @@ fn attach_refusals() {
     t.host.readonly_files.set(true);
     let e = t
         .ctx()
-        .attach("vg/slow", "vg/fast", None, Options::default(), true)
+        .attach("vg/slow", "vg/fast", None, Options::default(), true, false)
         .unwrap_err();
     assert_eq!(e.kind, Kind::Config);
     assert!(t.dm.devs.borrow().is_empty());
@@ -655,11 +724,14 @@ fn activate_from_config() {
     let t = T::new();
     t.lvm.add(&t.host, "vg", "slow", 256 * MIB, (253, 1), false);
     t.lvm.add(&t.host, "vg", "fast", 64 * MIB, (253, 2), false);
+    // Both caches were formatted when the devices were first set up.
+    t.image("/dev/vg/fast", &Meta::new("a", 64 * MIB, 256 * MIB));
+    t.image("/dev/fast", &Meta::new("b", 64 * MIB, 256 * MIB));
     t.host.files.borrow_mut().insert(
         CONF.into(),
         "a vg/slow vg/fast bridge_gap_kb=64\nb /dev/slow /dev/fast noauto\n".into(),
     );
-    t.ctx().activate(true, &[]).unwrap();
+    t.ctx().activate(true, &[], false).unwrap();
     let lvlog = t.lvm.log.borrow().clone();
     assert_eq!(
         lvlog,
@@ -672,25 +744,48 @@ fn activate_from_config() {
         .log()
         .contains(&"load a 0 524288 tiercache 253:1 253:2 8 2 bridge_gap_kb 64".to_string()));
     // Idempotent.
-    t.ctx().activate(true, &[]).unwrap();
+    t.ctx().activate(true, &[], false).unwrap();
     assert!(t.out.text().contains("a: already active"));
     // By name, including noauto ones.
-    t.ctx().activate(false, &["b".into()]).unwrap();
+    t.ctx().activate(false, &["b".into()], false).unwrap();
     assert!(t.dm.devs.borrow().contains_key("b"));
-    let e = t.ctx().activate(false, &["zz".into()]).unwrap_err();
+    let e = t.ctx().activate(false, &["zz".into()], false).unwrap_err();
     assert_eq!(e.kind, Kind::NotFound);
-    assert_eq!(t.ctx().activate(false, &[]).unwrap_err().kind, Kind::Usage);
+    assert_eq!(
+        t.ctx().activate(false, &[], false).unwrap_err().kind,
+        Kind::Usage
+    );
 }
 
 #[test]
 fn activate_never_exposes_origin_without_cache() {
+    // A blank cache: never formatted at boot; the origin is not touched.
+    let t = T::new();
+    t.lvm.add(&t.host, "vg", "slow", 256 * MIB, (253, 1), false);
+    t.lvm.add(&t.host, "vg", "fast", 64 * MIB, (253, 2), false);
+    t.host
+        .files
+        .borrow_mut()
+        .insert(CONF.into(), "a vg/slow vg/fast\n".into());
+    let e = t.ctx().activate(true, &[], false).unwrap_err();
+    assert_eq!((e.kind, e.kind.exit_code()), (Kind::NoSuperblock, 11));
+    let err = t.err.text();
+    assert!(
+        err.contains("cache vg/fast holds no tiercache metadata")
+            && err.contains("activation does not format a cache"),
+        "{err}"
+    );
+    assert!(err.contains("'tiercache activate --format a'"), "{err}");
+    assert_eq!(t.lvm.log.borrow().as_slice(), ["activate vg/fast"]);
+    assert!(t.dm.devs.borrow().is_empty());
+
     let t = T::new();
     t.lvm.add(&t.host, "vg", "slow", 256 * MIB, (253, 1), false);
     t.host
         .files
         .borrow_mut()
         .insert(CONF.into(), "a vg/slow vg/gone\n".into());
-    let e = t.ctx().activate(true, &[]).unwrap_err();
+    let e = t.ctx().activate(true, &[], false).unwrap_err();
     assert_eq!(e.kind, Kind::NotFound);
     assert!(
         t.err.text().contains("vg/gone not found"),
@@ -708,13 +803,14 @@ fn activate_never_exposes_origin_without_cache() {
     let t = T::new();
     t.lvm.add(&t.host, "vg", "slow", 256 * MIB, (253, 1), false);
     t.lvm.add(&t.host, "vg", "fast", 64 * MIB, (253, 2), false);
+    t.image("/dev/vg/fast", &Meta::new("a", 64 * MIB, 256 * MIB));
     t.lvm.mark("vg", "slow", TAG_ORIGIN, true).unwrap();
     t.dm.reject_tiercache.set(true);
     t.host
         .files
         .borrow_mut()
         .insert(CONF.into(), "a vg/slow vg/fast\n".into());
-    assert!(t.ctx().activate(true, &[]).is_err());
+    assert!(t.ctx().activate(true, &[], false).is_err());
     assert!(
         t.lvm
             .log
@@ -733,7 +829,7 @@ fn bad_config_is_reported_with_line() {
         .files
         .borrow_mut()
         .insert(CONF.into(), "# x\na vg/slow\n".into());
-    let e = t.ctx().activate(true, &[]).unwrap_err();
+    let e = t.ctx().activate(true, &[], false).unwrap_err();
     assert_eq!(e.kind, Kind::Config);
     assert!(e.msg.starts_with("/etc/tiercache.conf:2: "), "{}", e.msg);
 }
@@ -798,4 +894,350 @@ fn set_save_updates_the_config_entry() {
         "{conf}"
     );
     assert_eq!(crate::config::parse("x", &conf).unwrap().len(), 1);
+}
+
+// --------------------------------------------------------------------
+// Load or format: what the cache's superblock decides
+// --------------------------------------------------------------------
+
+/// The table line loaded for device `c` (create on /dev/slow, /dev/fast).
+fn create_line(t: &T, format: bool) -> Result<String, crate::error::Error> {
+    t.dm.log.borrow_mut().clear();
+    t.dm.devs.borrow_mut().clear();
+    t.ctx()
+        .create(&setup("c", "/dev/slow", "/dev/fast"), false, format)?;
+    Ok(t.log()
+        .into_iter()
+        .find(|l| l.starts_with("load c"))
+        .unwrap())
+}
+
+const FAST: u64 = 64 * MIB;
+const SLOW: u64 = 256 * MIB;
+
+#[test]
+fn matching_cache_is_loaded_not_formatted() {
+    let t = T::new();
+    t.image("/dev/fast", &Meta::new("c", FAST, SLOW).dirty(5));
+    assert_eq!(
+        create_line(&t, false).unwrap(),
+        "load c 0 524288 tiercache 8:16 8:32 8 0"
+    );
+    assert!(
+        t.out
+            .text()
+            .contains("c: cache /dev/fast loaded from its metadata (commit 10)"),
+        "{}",
+        t.out.text()
+    );
+    // A superblock without a uuid matches any device.
+    let mut m = Meta::new("c", FAST, SLOW);
+    m.uuid.clear();
+    t.image("/dev/fast", &m);
+    assert_eq!(
+        create_line(&t, false).unwrap(),
+        "load c 0 524288 tiercache 8:16 8:32 8 0"
+    );
+}
+
+#[test]
+fn format_option() {
+    let t = T::new();
+    // Clean: --format formats.
+    t.image("/dev/fast", &Meta::new("c", FAST, SLOW));
+    assert_eq!(
+        create_line(&t, true).unwrap(),
+        "load c 0 524288 tiercache 8:16 8:32 8 1 format"
+    );
+    // Blank: formatted with or without --format.
+    t.host.images.borrow_mut().clear();
+    assert!(create_line(&t, true).unwrap().ends_with("8 1 format"));
+    // Dirty: refused up front, nothing created.
+    t.image("/dev/fast", &Meta::new("c", FAST, SLOW).dirty(3));
+    let e = create_line(&t, true).unwrap_err();
+    assert_eq!((e.kind, e.kind.exit_code()), (Kind::Dirty, 5));
+    assert!(
+        e.msg.contains(
+            "c: refusing to format cache /dev/fast: it holds 12 KiB of dirty data (3 blocks) not yet on the origin"
+        ),
+        "{}",
+        e.msg
+    );
+    let h = e.hint.unwrap();
+    assert!(
+        h.contains("without --format") && h.contains("tiercache writeback --cache /dev/fast"),
+        "{h}"
+    );
+    assert!(h.contains("--force does not drop dirty data"), "{h}");
+    assert!(t.log().is_empty(), "{:?}", t.log());
+    // Uncommitted dirty entries do not count (the kernel ignores them).
+    let mut m = Meta::new("c", FAST, SLOW);
+    m.entries.push((4, 9, true, 11));
+    t.image("/dev/fast", &m);
+    assert!(create_line(&t, true).unwrap().ends_with("8 1 format"));
+}
+
+#[test]
+fn cache_of_another_setup_is_refused() {
+    let t = T::new();
+    // Another device's cache, clean: refused, --format reformats it.
+    t.image("/dev/fast", &Meta::new("other", FAST, SLOW));
+    let e = create_line(&t, false).unwrap_err();
+    assert_eq!((e.kind, e.kind.exit_code()), (Kind::Busy, 4));
+    assert!(
+        e.msg
+            .contains("it belongs to the device 'other' (uuid TIERCACHE-other)")
+            && e.msg.contains("it holds no dirty data"),
+        "{}",
+        e.msg
+    );
+    assert_eq!(e.hint.unwrap(), "--format reformats it for c");
+    assert!(create_line(&t, true).unwrap().ends_with("8 1 format"));
+    assert!(
+        t.host.cleared.borrow().is_empty(),
+        "same geometry: the kernel formats over it"
+    );
+
+    // Clean, another block size: --format clears the superblock first (the
+    // kernel does not format over another geometry), then formats.
+    let mut m = Meta::new("c", FAST, SLOW);
+    m.block_sectors = 16;
+    t.image("/dev/fast", &m);
+    assert_eq!(create_line(&t, false).unwrap_err().kind, Kind::Busy);
+    assert!(t.host.cleared.borrow().is_empty());
+    assert!(create_line(&t, true).unwrap().ends_with("8 1 format"));
+    assert_eq!(t.host.cleared.borrow().as_slice(), ["/dev/fast"]);
+    assert!(
+        t.out.text().contains(
+            "its superblock, of another geometry and without dirty data, was cleared first"
+        ),
+        "{}",
+        t.out.text()
+    );
+    t.host.cleared.borrow_mut().clear();
+
+    // The cache device grew: same block size, more slots.
+    t.image("/dev/fast", &Meta::new("c", FAST / 2, SLOW));
+    let e = create_line(&t, false).unwrap_err();
+    assert_eq!(e.kind, Kind::Busy);
+    assert!(
+        e.msg
+            .contains("it was formatted for 8127 slots, the device now holds 16256"),
+        "{}",
+        e.msg
+    );
+
+    // Dirty, another block size: refused, with or without --format.
+    let mut m = Meta::new("c", FAST, SLOW).dirty(2);
+    m.block_sectors = 16;
+    t.image("/dev/fast", &m);
+    for format in [false, true] {
+        let e = create_line(&t, format).unwrap_err();
+        assert_eq!(e.kind, Kind::Dirty);
+        assert!(
+            e.msg.contains("16 KiB of dirty data (2 blocks) for another set-up: it has 8 KiB blocks, not 4 KiB"),
+            "{}",
+            e.msg
+        );
+        assert!(e.hint.unwrap().contains("block size 8 KiB"));
+    }
+    // Another origin size.
+    let m = Meta::new("c", FAST, 128 * MIB);
+    t.image("/dev/fast", &m);
+    let e = create_line(&t, false).unwrap_err();
+    assert_eq!(e.kind, Kind::Busy);
+    assert!(
+        e.msg
+            .contains("it caches an origin of 262144 sectors, /dev/slow has 524288"),
+        "{}",
+        e.msg
+    );
+    assert!(t.log().is_empty());
+}
+
+#[test]
+fn bad_superblock_is_never_loaded() {
+    let t = T::new();
+    let mut img = Meta::new("c", FAST, SLOW).dirty(1).bytes();
+    img[60] ^= 0x20;
+    t.raw_image("/dev/fast", img.clone());
+    let e = create_line(&t, false).unwrap_err();
+    assert_eq!((e.kind, e.kind.exit_code()), (Kind::BadSuperblock, 12));
+    assert_eq!(
+        e.msg,
+        "c: cache /dev/fast: superblock checksum mismatch (torn or corrupt)"
+    );
+    let h = e.hint.unwrap();
+    assert!(
+        h.contains("'tiercache check /dev/fast'") && h.contains("--format"),
+        "{h}"
+    );
+    // --format: formatted over, with a warning.
+    assert!(create_line(&t, true).unwrap().ends_with("8 1 format"));
+    assert!(
+        t.err
+            .text()
+            .contains("warning: c: cache /dev/fast: superblock checksum mismatch (torn or corrupt); formatting it as asked"),
+        "{}",
+        t.err.text()
+    );
+
+    // An unknown version: neither loaded nor formatted.
+    let mut img = Meta::new("c", FAST, SLOW).bytes();
+    let v = std::mem::offset_of!(disk::ffi::tc_disk_sb, version);
+    let c = std::mem::offset_of!(disk::ffi::tc_disk_sb, csum);
+    img[v..v + 4].copy_from_slice(&7u32.to_le_bytes());
+    img[c..c + 4].fill(0);
+    let crc = disk::crc(&img[..disk::SB_BYTES]);
+    img[c..c + 4].copy_from_slice(&crc.to_le_bytes());
+    t.raw_image("/dev/fast", img);
+    for format in [false, true] {
+        let e = create_line(&t, format).unwrap_err();
+        assert_eq!(e.kind, Kind::BadSuperblock);
+        assert!(e.msg.contains("unknown format version"), "{}", e.msg);
+    }
+
+    // A superblock for a larger device than the cache.
+    t.image("/dev/fast", &Meta::new("c", 2 * FAST, SLOW));
+    let e = create_line(&t, false).unwrap_err();
+    assert_eq!(e.kind, Kind::BadSuperblock);
+    assert!(e.msg.contains("but the device has 131072"), "{}", e.msg);
+    assert!(t.log().is_empty());
+}
+
+#[test]
+fn activate_loads_and_never_formats() {
+    let conf = "a vg/slow vg/fast\n";
+    let with = |m: Option<Meta>| {
+        let t = T::new();
+        t.lvm.add(&t.host, "vg", "slow", SLOW, (253, 1), false);
+        t.lvm.add(&t.host, "vg", "fast", FAST, (253, 2), false);
+        t.lvm.mark("vg", "slow", TAG_ORIGIN, true).unwrap();
+        t.lvm.mark("vg", "fast", TAG_CACHE, true).unwrap();
+        t.lvm.log.borrow_mut().clear();
+        t.host.files.borrow_mut().insert(CONF.into(), conf.into());
+        if let Some(m) = m {
+            t.image("/dev/vg/fast", &m);
+        }
+        t
+    };
+    use crate::lvm::Lvm;
+
+    // Matching, dirty: loaded.
+    let t = with(Some(Meta::new("a", FAST, SLOW).dirty(4)));
+    t.ctx().activate(true, &[], false).unwrap();
+    assert!(t
+        .log()
+        .contains(&"load a 0 524288 tiercache 253:1 253:2 8 0".to_string()));
+    assert!(
+        t.out
+            .text()
+            .contains("a: activated (253:10); cache vg/fast loaded from its metadata (commit 10)"),
+        "{}",
+        t.out.text()
+    );
+
+    // A bad superblock: the origin LV is never activated.
+    let mut img = Meta::new("a", FAST, SLOW).dirty(4).bytes();
+    img[70] ^= 1;
+    let t = with(None);
+    t.raw_image("/dev/vg/fast", img);
+    let e = t.ctx().activate(true, &[], false).unwrap_err();
+    assert_eq!(e.kind, Kind::BadSuperblock);
+    assert_eq!(t.lvm.log.borrow().as_slice(), ["activate vg/fast"]);
+    assert!(t.err.text().contains("'tiercache activate --format a'"));
+    assert!(t.dm.devs.borrow().is_empty());
+
+    // Another set-up with dirty data: refused, the origin hidden again.
+    let t = with(Some(Meta::new("zz", FAST, SLOW).dirty(4)));
+    let e = t.ctx().activate(true, &[], false).unwrap_err();
+    assert_eq!(e.kind, Kind::Dirty);
+    assert!(
+        t.lvm.log.borrow().ends_with(&[
+            "activate vg/slow".to_string(),
+            "deactivate vg/slow".to_string()
+        ]),
+        "{:?}",
+        t.lvm.log.borrow()
+    );
+    assert!(!t.lvm.lv("vg", "slow").unwrap().unwrap().active);
+
+    // --format: only by name, formats a blank cache once.
+    let t = with(None);
+    assert_eq!(
+        t.ctx().activate(true, &[], true).unwrap_err().kind,
+        Kind::Usage
+    );
+    t.ctx().activate(false, &["a".into()], true).unwrap();
+    assert!(t
+        .log()
+        .contains(&"load a 0 524288 tiercache 253:1 253:2 8 1 format".to_string()));
+    // ... and not a dirty one.
+    let t = with(Some(Meta::new("a", FAST, SLOW).dirty(1)));
+    let e = t.ctx().activate(false, &["a".into()], true).unwrap_err();
+    assert_eq!(e.kind, Kind::Dirty);
+}
+
+#[test]
+fn reload_never_formats() {
+    let t = T::new();
+    t.ctx()
+        .create(&setup("c", "/dev/slow", "/dev/fast"), false, false)
+        .unwrap();
+    t.dm.log.borrow_mut().clear();
+    t.ctx().set("c", "mode", "writethrough", false).unwrap();
+    let log = t.log();
+    assert_eq!(
+        log[0],
+        "load c 0 524288 tiercache 8:16 8:32 8 1 writethrough"
+    );
+}
+
+#[test]
+fn format_counts_dirty_entries_beyond_the_origin_as_the_kernel_does() {
+    // A committed dirty entry naming a block beyond the origin: corrupt for
+    // check, but dirty for the kernel's format refusal.
+    let t = T::new();
+    let mut m = Meta::new("c", FAST, SLOW);
+    m.entries.push((0, 1 << 40, true, 3));
+    t.image("/dev/fast", &m);
+    let e = create_line(&t, true).unwrap_err();
+    assert_eq!(e.kind, Kind::Dirty);
+    // Clean, it does not count.
+    let mut m = Meta::new("c", FAST, SLOW);
+    m.entries.push((0, 1 << 40, false, 3));
+    t.image("/dev/fast", &m);
+    assert!(create_line(&t, true).unwrap().ends_with("8 1 format"));
+    assert!(
+        t.err
+            .text()
+            .contains("1 corrupt metadata entry dropped by the format"),
+        "{}",
+        t.err.text()
+    );
+}
+
+#[test]
+fn a_refused_load_is_explained_from_the_entries() {
+    let t = T::new();
+    let mut img = Meta::new("c", FAST, SLOW).dirty(3).bytes();
+    let o = disk::entry_offset(&disk::layout(FAST / 512, 8).unwrap(), 1) as usize;
+    img[o + 5] ^= 0x40;
+    t.raw_image("/dev/fast", img);
+    t.dm.reject_tiercache.set(true);
+    let e = create_line(&t, false).unwrap_err();
+    assert_eq!((e.kind, e.kind.exit_code()), (Kind::BadEntries, 13));
+    assert_eq!(
+        e.msg,
+        "c: the kernel refused to load cache /dev/fast: 1 corrupt metadata entry (slot 1: checksum mismatch)"
+    );
+    assert!(e.hint.unwrap().contains("tiercache writeback --force"));
+    assert!(t.dm.devs.borrow().is_empty(), "rolled back");
+
+    let mut m = Meta::new("c", FAST, SLOW).dirty(2);
+    m.entries.push((9, 1000, true, 4));
+    t.image("/dev/fast", &m);
+    let e = create_line(&t, false).unwrap_err();
+    assert_eq!(e.kind, Kind::DuplicateDirty);
+    assert!(e.msg.contains("block 1000 in slots [0, 9]"), "{}", e.msg);
 }

@@ -28,15 +28,17 @@ pub enum Key {
     HighWatermark,
     LowWatermark,
     FlushOnSuspend,
+    CommitMs,
 }
 
-pub const ALL_KEYS: [Key; 6] = [
+pub const ALL_KEYS: [Key; 7] = [
     Key::FlushDepth,
     Key::MaxFlushKb,
     Key::BridgeGapKb,
     Key::HighWatermark,
     Key::LowWatermark,
     Key::FlushOnSuspend,
+    Key::CommitMs,
 ];
 
 impl Key {
@@ -48,6 +50,7 @@ impl Key {
             Key::HighWatermark => "high_watermark",
             Key::LowWatermark => "low_watermark",
             Key::FlushOnSuspend => "flush_on_suspend",
+            Key::CommitMs => "commit_ms",
         }
     }
     /// Accepts the kernel spelling and the dashed option spelling.
@@ -63,6 +66,7 @@ impl Key {
             Key::HighWatermark => "dirty percent that starts background writeback, 1 to 100",
             Key::LowWatermark => "dirty percent that stops it, 0 to high_watermark",
             Key::FlushOnSuspend => "flush when suspended, 0 or 1",
+            Key::CommitMs => "metadata commit interval in milliseconds, 1 to 600000",
         }
     }
 }
@@ -103,6 +107,7 @@ pub fn check_value(key: Key, v: &str, block_sectors: u32) -> Result<u64> {
         Key::HighWatermark => (1..=100).contains(&n),
         Key::LowWatermark => n <= 100,
         Key::FlushOnSuspend => n <= 1,
+        Key::CommitMs => (1..=600_000).contains(&n),
     };
     if !ok {
         return Err(usage(format!(
@@ -126,7 +131,15 @@ pub struct TableSpec {
     /// Key/value pairs in table order.  Keys this tool does not know (from a
     /// newer module) are kept verbatim so that a reload re-emits them.
     pub options: Vec<(String, String)>,
+    /// The `format` feature argument: the target formats a blank or clean
+    /// cache device (and refuses one holding dirty data).  Only ever in a
+    /// table the tool loads: the kernel does not print it back.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub format: bool,
 }
+
+/// The feature argument that makes the target format the cache device.
+pub const FORMAT_ARG: &str = "format";
 
 pub fn check_block_size(sectors: u64) -> Result<u32> {
     if sectors < MIN_BLOCK_SECTORS as u64
@@ -150,6 +163,7 @@ impl TableSpec {
             block_size,
             mode: None,
             options: vec![],
+            format: false,
         }
     }
 
@@ -221,6 +235,9 @@ impl TableSpec {
         if let Some(m) = self.mode {
             feat.push(m.as_str());
         }
+        if self.format {
+            feat.push(FORMAT_ARG);
+        }
         for (k, v) in &self.options {
             feat.push(k);
             feat.push(v);
@@ -261,27 +278,37 @@ impl TableSpec {
                 w.len() - 4
             )));
         }
-        let mut feat = &w[4..];
+        // As the kernel reads them: a mode word and `format` anywhere,
+        // everything else a key followed by its value.
+        let feat = &w[4..];
         let mut mode = None;
-        if let Some(first) = feat.first() {
-            if let Ok(m) = first.parse::<Mode>() {
+        let mut format = false;
+        let mut options = vec![];
+        let mut i = 0;
+        while i < feat.len() {
+            if let Ok(m) = feat[i].parse::<Mode>() {
+                if mode.is_some() {
+                    return Err(kerr(format!("mode given twice ('{}')", feat[i])));
+                }
                 mode = Some(m);
-                feat = &feat[1..];
+                i += 1;
+            } else if feat[i] == FORMAT_ARG {
+                format = true;
+                i += 1;
+            } else if i + 1 < feat.len() {
+                options.push((feat[i].to_string(), feat[i + 1].to_string()));
+                i += 2;
+            } else {
+                return Err(kerr(format!("key '{}' has no value", feat[i])));
             }
         }
-        if feat.len() % 2 != 0 {
-            return Err(kerr(format!("key '{}' has no value", feat[feat.len() - 1])));
-        }
-        let options = feat
-            .chunks(2)
-            .map(|c| (c[0].to_string(), c[1].to_string()))
-            .collect();
         Ok(TableSpec {
             origin: w[0].into(),
             cache: w[1].into(),
             block_size,
             mode,
             options,
+            format,
         })
     }
 }
@@ -339,6 +366,29 @@ mod tests {
     }
 
     #[test]
+    fn format_feature() {
+        let mut t = TableSpec::new("253:1", "253:2", 8);
+        t.mode = Some(Mode::Writeback);
+        t.format = true;
+        t.set(Key::FlushDepth, 64);
+        let p = t.to_params();
+        assert_eq!(p, "253:1 253:2 8 4 writeback format flush_depth 64");
+        assert_eq!(TableSpec::parse_params(&p).unwrap(), t);
+        let mut t = TableSpec::new("253:1", "253:2", 8);
+        t.format = true;
+        assert_eq!(t.to_params(), "253:1 253:2 8 1 format");
+        // Not shown in JSON unless set.
+        let v = serde_json::to_value(TableSpec::new("a", "b", 8)).unwrap();
+        assert!(v.get("format").is_none());
+        // The kernel's reading: format and the mode in any position.
+        let t = TableSpec::parse_params("8:16 8:32 8 4 flush_depth 4 format writethrough").unwrap();
+        assert!(t.format);
+        assert_eq!(t.mode, Some(Mode::Writethrough));
+        assert_eq!(t.get(Key::FlushDepth), Some("4"));
+        assert!(TableSpec::parse_params("8:16 8:32 8 2 writeback writethrough").is_err());
+    }
+
+    #[test]
     fn parse_rejects() {
         for bad in [
             "",
@@ -384,6 +434,10 @@ mod tests {
         assert!(with(&[("high_watermark", "20"), ("low_watermark", "30")], 8).is_err());
         assert!(with(&[("flush_on_suspend", "1")], 8).is_ok());
         assert!(with(&[("flush_on_suspend", "2")], 8).is_err());
+        assert!(with(&[("commit_ms", "1")], 8).is_ok());
+        assert!(with(&[("commit_ms", "600000")], 8).is_ok());
+        assert!(with(&[("commit_ms", "0")], 8).is_err());
+        assert!(with(&[("commit_ms", "600001")], 8).is_err());
         assert!(with(&[("flush_depth", "-1")], 8).is_err());
         assert!(with(&[("flush_depth", "1k")], 8).is_err());
         assert!(with(&[("no_such_key", "1")], 8).is_err());

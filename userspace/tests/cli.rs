@@ -76,6 +76,9 @@ fn every_subcommand_has_help() {
         "detach",
         "activate",
         "deactivate",
+        "check",
+        "dump",
+        "writeback",
     ] {
         let o = run(&[sub, "--help"]);
         assert!(o.contains("Usage: tiercache"), "{sub}: {o}");
