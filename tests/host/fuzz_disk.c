@@ -1,0 +1,208 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * libFuzzer target for the on-disk format decoder (dm-tiercache/tc_disk.c).
+ *
+ * The input is a cache device image: the superblock in sector 0, the
+ * entries from sector TC_META_START.  The superblock is decoded, then
+ * every entry the input holds, with the superblock's origin size and
+ * commit sequence (or, if it does not decode, values taken from its raw
+ * fields, so that the entry decoder is exercised either way).  Last,
+ * tc_disk_layout runs on a device size and block size taken from the
+ * input.  Besides memory and UB errors (ASan, UBSan), the properties the
+ * module and the tool rely on are checked, and a violation aborts:
+ *
+ * - a superblock that decodes has a consistent layout, and encoding what
+ *   was decoded gives a superblock that decodes to the same values;
+ * - an entry that decodes as clean, dirty or uncommitted is exactly what
+ *   tc_de_encode writes for its fields (nothing else is accepted), and the
+ *   result agrees with the fields (dirty flag, block below the origin,
+ *   sequence against the commit);
+ * - an all-zero entry is empty and nothing else is;
+ * - a layout fits the device and is block aligned, and (for device sizes
+ *   below 2^54 sectors) one more slot would not fit.
+ *
+ * Build and run: make -C tests/host fuzz (FUZZ_SECONDS=60).
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tc_disk.h"
+
+#define FUZZ_ASSERT(cond) do {						\
+	if (!(cond)) {							\
+		fprintf(stderr, "fuzz_disk: property violated at %s:%d: %s\n", \
+			__FILE__, __LINE__, #cond);			\
+		abort();						\
+	}								\
+} while (0)
+
+static u64 get_le64(const uint8_t *p)
+{
+	u64 v;
+
+	memcpy(&v, p, sizeof(v));
+	return le64toh(v);
+}
+
+static u32 get_le32(const uint8_t *p)
+{
+	u32 v;
+
+	memcpy(&v, p, sizeof(v));
+	return le32toh(v);
+}
+
+static void check_layout(const struct tc_layout *l)
+{
+	FUZZ_ASSERT(l->block_sectors >= 8 && l->block_sectors <= 2048);
+	FUZZ_ASSERT(!(l->block_sectors & (l->block_sectors - 1)));
+	FUZZ_ASSERT(l->nr_slots >= 1);
+	FUZZ_ASSERT(l->meta_start == TC_META_START);
+	FUZZ_ASSERT(l->meta_blocks == tc_disk_meta_blocks(l->nr_slots));
+	FUZZ_ASSERT(l->meta_blocks * TC_ENTRIES_PER_MBLOCK >= l->nr_slots);
+	FUZZ_ASSERT(l->data_start % l->block_sectors == 0);
+	FUZZ_ASSERT(l->data_start >= l->meta_start +
+		    l->meta_blocks * TC_MBLOCK_SECTORS);
+	FUZZ_ASSERT(l->data_start < l->meta_start +
+		    l->meta_blocks * TC_MBLOCK_SECTORS + l->block_sectors);
+}
+
+static void fuzz_sb(const struct tc_disk_sb *sb, struct tc_sb_info *out,
+		    enum tc_sb_result *res)
+{
+	struct tc_sb_info i, j;
+	struct tc_disk_sb again;
+
+	*res = tc_sb_decode(sb, &i);
+	FUZZ_ASSERT(*res <= TC_SB_BAD_FIELDS);
+	FUZZ_ASSERT(tc_sb_result_str(*res) != NULL);
+	if (*res != TC_SB_OK)
+		return;
+	check_layout(&i.layout);
+	FUZZ_ASSERT(i.layout.nr_slots <= (1ULL << 32));
+	FUZZ_ASSERT(i.origin_sectors > 0);
+	FUZZ_ASSERT(memchr(i.uuid, 0, sizeof(i.uuid)) != NULL);
+
+	tc_sb_encode(&again, &i);
+	FUZZ_ASSERT(tc_sb_decode(&again, &j) == TC_SB_OK);
+	FUZZ_ASSERT(j.commit_seq == i.commit_seq);
+	FUZZ_ASSERT(j.origin_sectors == i.origin_sectors);
+	FUZZ_ASSERT(!memcmp(&j.layout, &i.layout, sizeof(i.layout)));
+	FUZZ_ASSERT(!strcmp(j.uuid, i.uuid));
+	*out = i;
+}
+
+static void fuzz_entry(const struct tc_disk_entry *d, u64 slot,
+		       u64 nr_blocks, u64 commit_seq)
+{
+	static const struct tc_disk_entry zero;
+	struct tc_disk_entry again;
+	struct tc_de_info i;
+	enum tc_de_result r;
+
+	memset(&i, 0, sizeof(i));
+	r = tc_de_decode(d, slot, nr_blocks, commit_seq, &i);
+	FUZZ_ASSERT(r <= TC_DE_BAD_BLOCK);
+	FUZZ_ASSERT(tc_de_result_str(r) != NULL);
+	FUZZ_ASSERT((r == TC_DE_EMPTY) == !memcmp(d, &zero, sizeof(zero)));
+	switch (r) {
+	case TC_DE_CLEAN:
+	case TC_DE_DIRTY_OK:
+	case TC_DE_UNCOMMITTED:
+		FUZZ_ASSERT(i.block < nr_blocks);
+		FUZZ_ASSERT((r == TC_DE_UNCOMMITTED) == (i.seq > commit_seq));
+		FUZZ_ASSERT(r != TC_DE_DIRTY_OK || i.dirty);
+		FUZZ_ASSERT(r != TC_DE_CLEAN || !i.dirty);
+		/* only the encoder's own output is accepted */
+		tc_de_encode(&again, slot, i.block, i.dirty, i.seq);
+		FUZZ_ASSERT(!memcmp(&again, d, sizeof(again)));
+		break;
+	case TC_DE_BAD_BLOCK:
+		FUZZ_ASSERT(i.block >= nr_blocks);
+		break;
+	default:
+		break;
+	}
+}
+
+static void fuzz_layout(u64 cache_sectors, u32 block_sectors)
+{
+	struct tc_layout l;
+	unsigned __int128 next_end;
+
+	if (tc_disk_layout(cache_sectors, block_sectors, &l))
+		return;
+	FUZZ_ASSERT(l.block_sectors == block_sectors);
+	check_layout(&l);
+	FUZZ_ASSERT((unsigned __int128)l.data_start +
+		    (unsigned __int128)l.nr_slots * block_sectors <=
+		    cache_sectors);
+	/*
+	 * One more slot does not fit: its metadata and data pass the end.
+	 * Only for sizes a block device can have (under 2^63 bytes): from
+	 * 2^55 sectors up, the first guess of tc_disk_layout,
+	 * (cache_sectors - 8) * 512, wraps and the layout is valid but small.
+	 */
+	if (cache_sectors >= (1ULL << 54))
+		return;
+	next_end = TC_META_START +
+		   (unsigned __int128)tc_disk_meta_blocks(l.nr_slots + 1) *
+		   TC_MBLOCK_SECTORS;
+	next_end = (next_end + block_sectors - 1) / block_sectors *
+		   block_sectors;
+	FUZZ_ASSERT(next_end + (unsigned __int128)(l.nr_slots + 1) *
+		    block_sectors > cache_sectors);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	const size_t meta_off = (size_t)TC_META_START * 512;
+	struct tc_disk_sb sb;
+	struct tc_sb_info info;
+	enum tc_sb_result res;
+	u64 nr_blocks, commit_seq, nr_slots, slot;
+
+	/* the superblock sector, zero padded like the end of a short device */
+	memset(&sb, 0, sizeof(sb));
+	memcpy(&sb, data, size < sizeof(sb) ? size : sizeof(sb));
+	fuzz_sb(&sb, &info, &res);
+
+	if (res == TC_SB_OK) {
+		nr_blocks = info.origin_sectors / info.layout.block_sectors;
+		commit_seq = info.commit_seq;
+		nr_slots = info.layout.nr_slots;
+	} else {
+		/* the raw fields, whatever they hold */
+		u32 bs = get_le32((const uint8_t *)&sb.block_sectors);
+
+		nr_blocks = get_le64((const uint8_t *)&sb.origin_sectors);
+		if (bs)
+			nr_blocks /= bs;
+		commit_seq = get_le64((const uint8_t *)&sb.commit_seq);
+		nr_slots = get_le64((const uint8_t *)&sb.nr_slots);
+	}
+
+	/* every entry the input holds, up to the superblock's slot count */
+	for (slot = 0; slot < nr_slots; slot++) {
+		size_t off = meta_off + slot * sizeof(struct tc_disk_entry);
+		struct tc_disk_entry d;
+
+		if (off + sizeof(d) > size || off < meta_off)
+			break;
+		memcpy(&d, data + off, sizeof(d));
+		fuzz_entry(&d, slot, nr_blocks, commit_seq);
+	}
+
+	/* the layout, on a device size and block size from the input */
+	if (size >= sizeof(sb)) {
+		fuzz_layout(get_le64((const uint8_t *)&sb.data_start),
+			    get_le32((const uint8_t *)&sb.block_sectors));
+		fuzz_layout(get_le64((const uint8_t *)&sb.nr_slots),
+			    8u << (get_le32((const uint8_t *)&sb.flags) % 9));
+	}
+	return 0;
+}

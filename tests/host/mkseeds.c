@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Seed corpus for fuzz_disk: cache device images written with the module's
+ * encoder (dm-tiercache/tc_disk.c), cut after the entry area (the slot data
+ * does not matter to the decoder).  Most are valid; a few carry a wrong
+ * value under a valid checksum (an unknown version, impossible fields,
+ * entries with a wrong slot, flags or reserved word, blocks beyond the
+ * origin), which random mutation alone rarely produces.
+ *
+ *   mkseeds DIR
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tc_disk.h"
+
+struct seed_entry {
+	u64 slot, block;
+	bool dirty;
+	u64 seq;
+};
+
+/* What to spoil in a seed, keeping valid checksums. */
+enum spoil {
+	SPOIL_NONE,
+	SPOIL_SB_VERSION,	/* an unknown version */
+	SPOIL_SB_FIELDS,	/* data_start off by a block */
+	SPOIL_ENTRIES,		/* wrong slot, bad flags, reserved set */
+};
+
+static void sb_resum(struct tc_disk_sb *sb)
+{
+	sb->csum = 0;
+	sb->csum = cpu_to_le32(tc_disk_crc(sb, sizeof(*sb)));
+}
+
+static void de_resum(struct tc_disk_entry *d)
+{
+	d->csum = 0;
+	d->csum = cpu_to_le32(tc_disk_crc(d, sizeof(*d)));
+}
+
+static int write_seed(const char *dir, const char *name, u64 cache_sectors,
+		      u32 block_sectors, u64 origin_sectors, u64 commit_seq,
+		      const char *uuid, const struct seed_entry *e, int n,
+		      enum spoil spoil)
+{
+	struct tc_disk_sb *sb;
+	struct tc_disk_entry *de;
+	struct tc_sb_info i;
+	unsigned char *img;
+	size_t len;
+	char path[4096];
+	FILE *f;
+	int k;
+
+	memset(&i, 0, sizeof(i));
+	if (tc_disk_layout(cache_sectors, block_sectors, &i.layout)) {
+		fprintf(stderr, "mkseeds: %s: no layout\n", name);
+		return -1;
+	}
+	i.commit_seq = commit_seq;
+	i.origin_sectors = origin_sectors;
+	snprintf(i.uuid, sizeof(i.uuid), "%s", uuid);
+	len = (i.layout.meta_start + i.layout.meta_blocks * TC_MBLOCK_SECTORS) *
+	      512;
+	img = calloc(1, len);
+	if (!img)
+		return -1;
+	sb = (struct tc_disk_sb *)img;
+	de = (struct tc_disk_entry *)(img + i.layout.meta_start * 512);
+	tc_sb_encode(sb, &i);
+	for (k = 0; k < n; k++)
+		tc_de_encode(&de[e[k].slot], e[k].slot, e[k].block, e[k].dirty,
+			     e[k].seq);
+	switch (spoil) {
+	case SPOIL_NONE:
+		break;
+	case SPOIL_SB_VERSION:
+		sb->version = cpu_to_le32(TC_DISK_VERSION + 1);
+		sb_resum(sb);
+		break;
+	case SPOIL_SB_FIELDS:
+		sb->data_start = cpu_to_le64(i.layout.data_start +
+					     block_sectors);
+		sb_resum(sb);
+		break;
+	case SPOIL_ENTRIES:
+		if (n < 3)
+			break;
+		de[e[0].slot].slot = cpu_to_le32(e[0].slot + 1);
+		de_resum(&de[e[0].slot]);
+		de[e[1].slot].flags = cpu_to_le32(TC_DE_DIRTY);
+		de_resum(&de[e[1].slot]);
+		de[e[2].slot].reserved = cpu_to_le32(1);
+		de_resum(&de[e[2].slot]);
+		break;
+	}
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	f = fopen(path, "wb");
+	if (!f || fwrite(img, 1, len, f) != len || fclose(f)) {
+		perror(path);
+		free(img);
+		return -1;
+	}
+	free(img);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct seed_entry mixed[] = {
+		{ 0, 11, true, 5 }, { 1, 12, true, 6 }, { 7, 10, true, 7 },
+		{ 8, 40, true, 7 }, { 9, 41, false, 7 }, { 10, 500, true, 8 },
+	};
+	static const struct seed_entry two_blocks[] = {
+		{ 0, 1, true, 2 }, { 127, 2, false, 2 }, { 128, 3, true, 3 },
+		{ 200, 4, true, 9 },
+	};
+	static const struct seed_entry big[] = {
+		{ 0, 0, true, 1 }, { 2, 7, false, 1 },
+	};
+	const char *dir = argc > 1 ? argv[1] : ".";
+	int r = 0;
+
+#define N(a) (int)(sizeof(a) / sizeof((a)[0]))
+	r |= write_seed(dir, "empty", 1024, 8, 8192, 1, "TIERCACHE-a", NULL, 0,
+			SPOIL_NONE);
+	r |= write_seed(dir, "mixed", 1024, 8, 16384, 7, "TIERCACHE-t",
+			mixed, N(mixed), SPOIL_NONE);
+	r |= write_seed(dir, "two-mblocks", 2200, 8, 1 << 20, 3, "",
+			two_blocks, N(two_blocks), SPOIL_NONE);
+	r |= write_seed(dir, "big-blocks", 16384, 2048, 1 << 22, 1,
+			"TIERCACHE-big", big, N(big), SPOIL_NONE);
+	/* origin of 8 blocks: the entries of blocks 10 and up are beyond it */
+	r |= write_seed(dir, "block16", 4096, 16, 128, 12, "TIERCACHE-x",
+			mixed, 4, SPOIL_NONE);
+	r |= write_seed(dir, "bad-version", 1024, 8, 16384, 7, "TIERCACHE-t",
+			mixed, N(mixed), SPOIL_SB_VERSION);
+	r |= write_seed(dir, "bad-fields", 1024, 8, 16384, 7, "TIERCACHE-t",
+			mixed, N(mixed), SPOIL_SB_FIELDS);
+	r |= write_seed(dir, "bad-entries", 1024, 8, 16384, 7, "TIERCACHE-t",
+			mixed, N(mixed), SPOIL_ENTRIES);
+	return r ? 1 : 0;
+}
