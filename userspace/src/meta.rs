@@ -178,11 +178,12 @@ fn sb_lines(sb: &Superblock, o: &mut Vec<String>) {
         l.block_sectors
     ));
     o.push(format!(
-        "  slots:       {} ({} of data from sector {}; entries in {} metadata blocks from sector {})",
+        "  slots:       {} ({} of data from sector {}; entries in {} metadata {} from sector {})",
         l.nr_slots,
         fmt_bytes(l.nr_slots * l.block_bytes()),
         l.data_start,
         l.meta_blocks,
+        plural(l.meta_blocks, "block", "blocks"),
         l.meta_start
     ));
     o.push(format!("  commit seq:  {}", sb.commit_seq));
