@@ -223,8 +223,10 @@ dirty data ('tiercache writeback' writes it back offline).")]
     /// Flush and remove a cached device
     #[command(after_help = "\
 Dirty data is flushed to the origin first.  A device still holding dirty data
-(after --no-flush, or when the flush failed) is only removed with --force,
-which discards that data.")]
+(after --no-flush, or when the flush failed) is only removed with --force.
+That data then stays in the cache device's metadata, not on the origin:
+setting the device up again loads it, 'tiercache writeback' writes it to the
+origin offline.  Do not use the origin on its own meanwhile.")]
     Remove {
         name: String,
         /// Do not flush first

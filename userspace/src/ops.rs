@@ -1063,7 +1063,7 @@ impl<'a> Ctx<'a> {
                 st.dirty_blocks
             );
             return Err(Error::new(Kind::Dirty, what).hint(format!(
-                "run 'tiercache flush --wait {name}' (or drop the --no-flush), or pass --force to discard it"
+                "run 'tiercache flush --wait {name}' (or drop the --no-flush), or pass --force to remove it anyway (the dirty data stays on the cache device, not on the origin)"
             )));
         }
         if let Err(e) = self.dm.remove(name) {
@@ -1074,8 +1074,9 @@ impl<'a> Ctx<'a> {
         if st.dirty_blocks > 0 {
             errln!(
                 self,
-                "tiercache: warning: {name}: discarded {} of dirty data; the origin does not hold the latest writes",
-                fmt_bytes(st.dirty_bytes())
+                "tiercache: warning: {name}: removed with {} of dirty data not on the origin: it stays in the metadata of cache {} and is loaded when {name} is set up again; do not use the origin alone meanwhile ('tiercache writeback' writes it back offline)",
+                fmt_bytes(st.dirty_bytes()),
+                self.describe(&cd.table.cache)
             );
         }
         let _ = flush_err;
