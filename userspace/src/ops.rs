@@ -348,9 +348,9 @@ impl<'a> Ctx<'a> {
             )));
         }
         let (cache, cache_lv) = self.resolve(&s.cache, "cache", activate)?;
-        self.check_free("cache", &s.cache, &cache)?;
         // The cache's metadata is judged before the origin is touched (or
         // its LV activated): a cache that cannot be used stops here.
+        // Reading it is harmless even if the device turns out to be busy.
         let sbr = self.read_cache_sb(s, &cache)?;
         self.precheck_meta(s, &cache, &sbr, policy)?;
         let (origin, origin_lv) = self.resolve(&s.origin, "origin", activate)?;
@@ -361,6 +361,7 @@ impl<'a> Ctx<'a> {
             )));
         }
         self.check_free("origin", &s.origin, &origin)?;
+        self.check_free("cache", &s.cache, &cache)?;
 
         let bs = s.options.block_size;
         let block_bytes = bs as u64 * 512;

@@ -206,6 +206,17 @@ fn create_refusals() {
         .unwrap_err();
     assert_eq!(e.kind, Kind::NotFound);
     assert!(e.msg.starts_with("origin: /dev/nope"), "{}", e.msg);
+    // A missing origin is reported before a busy cache.
+    t.host
+        .users
+        .borrow_mut()
+        .insert((8, 32), "held by dm-9 (hold)".into());
+    let e = t
+        .ctx()
+        .create(&setup("x", "/dev/nope", "/dev/fast"), false, false)
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::NotFound);
+    t.host.users.borrow_mut().clear();
 
     t.host
         .users
