@@ -110,7 +110,8 @@ def verify_files(mnt, sums):
 def test_attach_flush_detach_while_mounted(vg):
     p = vg.attach()
     assert p.stdout == (f"{SLOW}: {VG}/{SLOW} cached on {VG}/{FAST}; "
-                        f"use /dev/tiercache/{SLOW} (/dev/mapper/{SLOW})\n")
+                        f"use /dev/tiercache/{SLOW} (/dev/mapper/{SLOW})\n"
+                        f"{SLOW}: cache {VG}/{FAST} formatted\n")
     node = f"/dev/mapper/{SLOW}"
     assert os.path.realpath(f"/dev/tiercache/{SLOW}") == os.path.realpath(node)
     origin_devno = devno(vg.slow_path)
