@@ -252,7 +252,8 @@ def test_create_status_flush_remove(res):
     p = res.cached("tct1", origin, cache, "--bridge-gap-kb", "64",
                    "--high-watermark", "100", "--low-watermark", "0")
     node = "/dev/mapper/tct1"
-    assert p.stdout == f"tct1: created {node} ({devno(node)}), origin {origin}, cache {cache}\n"
+    assert p.stdout == (f"tct1: created {node} ({devno(node)}), origin {origin}, cache {cache}\n"
+                        f"tct1: cache {cache} formatted\n")
     assert p.stderr == ""
     assert os.path.realpath("/dev/tiercache/tct1") == os.path.realpath(node)
     table = dm_table("tct1")
