@@ -49,7 +49,8 @@ pub fn magic() -> &'static str {
     std::str::from_utf8(&ffi::TC_DISK_MAGIC[..ffi::TC_DISK_MAGIC.len() - 1]).unwrap()
 }
 
-/// CRC-32C as the format uses it.
+/// CRC-32C as the format uses it (tests craft checksummed values with it).
+#[cfg(test)]
 pub fn crc(data: &[u8]) -> u32 {
     // SAFETY: pointer and length of a live slice.
     unsafe { ffi::tc_disk_crc(data.as_ptr().cast(), data.len()) }
@@ -88,6 +89,7 @@ impl Layout {
             data_start: l.data_start,
         }
     }
+    #[cfg(test)]
     fn to_c(self) -> ffi::tc_layout {
         ffi::tc_layout {
             block_sectors: self.block_sectors,
@@ -218,6 +220,8 @@ pub fn decode_sb(raw: &[u8]) -> (SbState, Option<Superblock>) {
 }
 
 /// Encode a superblock (`tc_sb_encode`).  The uuid is cut at 128 bytes.
+/// The tool never writes a superblock (the module formats): for tests.
+#[cfg(test)]
 pub fn encode_sb(s: &Superblock) -> [u8; SB_BYTES] {
     let mut i = ffi::tc_sb_info {
         layout: s.layout.to_c(),
@@ -380,6 +384,7 @@ pub fn encode_entry(slot: u64, block: u64, dirty: bool, seq: u64) -> [u8; ENTRY_
 }
 
 /// An empty entry (`tc_de_encode_empty`).
+#[cfg(test)]
 pub fn encode_empty_entry() -> [u8; ENTRY_BYTES] {
     let mut d = ffi::tc_disk_entry::default();
     // SAFETY: d is a live struct.
@@ -877,13 +882,15 @@ pub fn survey(dev: &dyn ReadAt, sb: &Superblock) -> Result<Survey> {
     Ok(s)
 }
 
-/// An in-memory device image, for tests and the fake host.
+/// An in-memory device image, for tests.
+#[cfg(test)]
 #[derive(Clone, Debug)]
 pub struct MemImage {
     pub name: String,
     pub data: Vec<u8>,
 }
 
+#[cfg(test)]
 impl ReadAt for MemImage {
     fn name(&self) -> &str {
         &self.name
@@ -909,6 +916,7 @@ impl ReadAt for MemImage {
 /// `(slot, block, dirty, seq)`, the data of each entry's slot filled with
 /// `fill(block)`.  For tests, here so that every test builds images the
 /// same way (through the C encoder).
+#[cfg(test)]
 pub fn build_image(
     sb: &Superblock,
     cache_sectors: u64,

@@ -493,12 +493,6 @@ impl Run {
     pub fn first_block(&self) -> u64 {
         self.blocks[0].block
     }
-    pub fn len(&self) -> u64 {
-        self.blocks.len() as u64
-    }
-    pub fn is_empty(&self) -> bool {
-        self.blocks.is_empty()
-    }
 }
 
 /// Group dirty blocks (sorted by block) into runs of adjacent blocks of
@@ -752,7 +746,7 @@ pub fn writeback(
                 out,
                 "  origin blocks {} ({} at sector {}) from slots {}",
                 ranges(r.blocks.iter().map(|d| d.block)),
-                fmt_bytes(r.len() * bb),
+                fmt_bytes(r.blocks.len() as u64 * bb),
                 b0 * sb.layout.block_sectors as u64,
                 ranges(r.blocks.iter().map(|d| d.slot))
             );

@@ -479,7 +479,10 @@ fn runs_merge_adjacent_blocks_up_to_the_limit() {
         })
         .collect();
     let runs = plan_runs(&refs, 4096, 3 * 4096);
-    let firsts: Vec<(u64, u64)> = runs.iter().map(|r| (r.first_block(), r.len())).collect();
+    let firsts: Vec<(u64, u64)> = runs
+        .iter()
+        .map(|r| (r.first_block(), r.blocks.len() as u64))
+        .collect();
     assert_eq!(firsts, vec![(1, 3), (4, 2), (9, 2)]);
     assert_eq!(ranges([1u64, 2, 3, 5, 7, 8].into_iter()), "1-3, 5, 7-8");
 }
