@@ -69,6 +69,8 @@ int tc_disk_layout(u64 cache_sectors, u32 block_sectors, struct tc_layout *l)
 	/* a first guess counting a 32-byte entry per slot, then step down */
 	n = (cache_sectors - TC_META_START) * 512 /
 	    ((u64)block_sectors * 512 + sizeof(struct tc_disk_entry));
+	if (n > TC_MAX_SLOTS)
+		n = TC_MAX_SLOTS;	/* slot numbers are 32-bit on disk */
 	while (n && tc_data_start(n, block_sectors) + n * block_sectors >
 		    cache_sectors)
 		n--;
@@ -107,7 +109,7 @@ static bool tc_sb_fields_ok(const struct tc_disk_sb *sb,
 
 	if (le32_to_cpu(sb->flags) || !tc_block_size_ok(l->block_sectors))
 		return false;
-	if (!l->nr_slots || l->nr_slots > (1ULL << 32) ||
+	if (!l->nr_slots || l->nr_slots > TC_MAX_SLOTS ||
 	    l->meta_start != TC_META_START || !i->origin_sectors)
 		return false;
 	if (l->data_start != tc_data_start(l->nr_slots, l->block_sectors))

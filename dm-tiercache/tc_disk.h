@@ -59,6 +59,7 @@ typedef uint64_t __le64;
 #define TC_MBLOCK_BYTES		4096
 #define TC_MBLOCK_SECTORS	(TC_MBLOCK_BYTES >> 9)
 #define TC_UUID_BYTES		128
+#define TC_MAX_SLOTS		0xffffffffULL	/* slot numbers are 32-bit */
 
 struct tc_disk_sb {
 	__u8 magic[8];			/* TC_DISK_MAGIC, no NUL */

@@ -159,11 +159,12 @@ static void tc_meta_unsnap(struct tc_meta *m)
 	spin_unlock_irq(&m->lock);
 }
 
-static int tc_meta_rw(struct tc_cache *c, void *buf, sector_t sector,
-		      unsigned int bytes, blk_opf_t opf)
+/* One synchronous bio of at most BIO_MAX_VECS pages of @buf. */
+static int tc_meta_bio(struct tc_cache *c, void *buf, sector_t sector,
+		       size_t bytes, blk_opf_t opf)
 {
 	unsigned int nr = DIV_ROUND_UP(bytes, PAGE_SIZE);
-	unsigned int off;
+	size_t off;
 	struct bio *bio;
 	int r;
 
@@ -174,12 +175,31 @@ static int tc_meta_rw(struct tc_cache *c, void *buf, sector_t sector,
 		struct page *pg = is_vmalloc_addr(p) ? vmalloc_to_page(p) :
 						       virt_to_page(p);
 
-		__bio_add_page(bio, pg, min_t(unsigned int, PAGE_SIZE,
-					      bytes - off), 0);
+		__bio_add_page(bio, pg, min_t(size_t, PAGE_SIZE, bytes - off),
+			       0);
 	}
 	r = submit_bio_wait(bio);
 	bio_put(bio);
 	return r;
+}
+
+/* Read or write @bytes of a page-aligned buffer, in bios of 1 MiB. */
+static int tc_meta_rw(struct tc_cache *c, void *buf, sector_t sector,
+		      size_t bytes, blk_opf_t opf)
+{
+	const size_t max = (size_t)BIO_MAX_VECS * PAGE_SIZE;
+	size_t off, n;
+	int r;
+
+	for (off = 0; off < bytes; off += n) {
+		n = min(bytes - off, max);
+		r = tc_meta_bio(c, (u8 *)buf + off, sector + (off >> 9), n,
+				off + n < bytes ? opf & ~(REQ_PREFLUSH | REQ_FUA) :
+						  opf);
+		if (r)
+			return r;
+	}
+	return 0;
 }
 
 /* Write the snapshot's blocks, runs of adjacent ones in one bio. */
@@ -193,7 +213,6 @@ static int tc_meta_write_blocks(struct tc_cache *c)
 	while (mb < n) {
 		u64 end = find_next_zero_bit(m->snap, n, mb);
 
-		end = min_t(u64, end, mb + BIO_MAX_VECS);
 		r = tc_meta_rw(c, tc_meta_mblock(m->shadow, mb),
 			       m->layout.meta_start + mb * TC_MBLOCK_SECTORS,
 			       (end - mb) * TC_MBLOCK_BYTES,
@@ -537,28 +556,40 @@ static int tc_meta_load(struct tc_cache *c, const struct tc_sb_info *i,
 	return r;
 }
 
-/* Count the committed dirty entries of a cache about to be formatted. */
+/*
+ * Count the committed dirty entries of a cache about to be formatted, in
+ * the layout its superblock describes.
+ */
 static int tc_meta_count_dirty(struct tc_cache *c, const struct tc_sb_info *i,
 			       u64 *dirty)
 {
-	struct tc_meta *m = &c->meta;
+	const u64 per_chunk = TC_ENTRIES_PER_MBLOCK * 16;
+	const struct tc_layout *l = &i->layout;
+	struct tc_disk_entry *buf;
 	struct tc_de_info info;
-	u32 s;
-	int r;
+	u64 s, k, n;
+	int r = 0;
 
 	*dirty = 0;
-	if (i->layout.nr_slots != m->layout.nr_slots)
-		return 0;	/* another geometry: count in its own layout */
-	r = tc_meta_rw(c, m->image, m->layout.meta_start,
-		       m->layout.meta_blocks * TC_MBLOCK_BYTES, REQ_OP_READ);
-	if (r)
-		return r;
-	for (s = 0; s < m->layout.nr_slots; s++)
-		if (tc_de_decode(tc_meta_entry(m->image, s), s, U64_MAX,
-				 i->commit_seq, &info) == TC_DE_DIRTY_OK)
-			(*dirty)++;
-	memset(m->image, 0, m->layout.meta_blocks * TC_MBLOCK_BYTES);
-	return 0;
+	if (l->data_start + l->nr_slots * l->block_sectors >
+	    bdev_nr_sectors(c->cache_bdev))
+		return 0;	/* cannot be this device's: nothing to lose */
+	buf = vmalloc(per_chunk * sizeof(*buf));
+	if (!buf)
+		return -ENOMEM;
+	for (s = 0; s < l->nr_slots && !r; s += per_chunk) {
+		n = min(per_chunk, l->nr_slots - s);
+		r = tc_meta_rw(c, buf, l->meta_start + s * sizeof(*buf) / 512,
+			       round_up(n * sizeof(*buf), TC_MBLOCK_BYTES),
+			       REQ_OP_READ);
+		for (k = 0; k < n && !r; k++)
+			if (tc_de_decode(buf + k, s + k, U64_MAX, i->commit_seq,
+					 &info) == TC_DE_DIRTY_OK)
+				(*dirty)++;
+		cond_resched();
+	}
+	vfree(buf);
+	return r;
 }
 
 /* "format" over a valid superblock: only if no dirty data would be lost. */
@@ -573,11 +604,10 @@ static int tc_meta_may_format(struct tc_cache *c, const struct tc_sb_info *i,
 		*error = "Cannot read the cache metadata";
 		return r;
 	}
-	if (i->layout.nr_slots != c->meta.layout.nr_slots || dirty) {
+	if (dirty) {
 		*error = "Cache device holds dirty blocks: 'format' refused (load it without 'format', or write them back first)";
-		DMERR("%s: format refused: the cache device holds %llu committed dirty blocks (%s)",
-		      c->name, dirty, dirty ? "load it without 'format'" :
-		      "in another geometry: check it with 'tiercache check'");
+		DMERR("%s: format refused: the cache device holds %llu committed dirty blocks: load it without 'format', or write them back first ('tiercache writeback')",
+		      c->name, dirty);
 		return -EBUSY;
 	}
 	return 0;
@@ -618,6 +648,11 @@ int tc_meta_open(struct tc_cache *c, struct tc_target *t, char **error)
 	res = tc_sb_decode(m->sb, &i);
 	if (res == TC_SB_OK && t->args.format)
 		r = tc_meta_may_format(c, &i, error);
+	if (res == TC_SB_BAD_VERSION && t->args.format) {
+		/* perhaps a newer module's cache, with dirty data */
+		*error = "Cache superblock of an unknown format version: 'format' refused (wipe the superblock to start anew)";
+		r = -EBUSY;
+	}
 	if (r)
 		return r;
 	if (res == TC_SB_OK && !t->args.format)

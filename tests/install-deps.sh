@@ -31,6 +31,8 @@ PKGS=(
 	# in-VM tools (the guest sees the host's root file system)
 	fio libaio1 dmsetup kmod udev util-linux procps coreutils lvm2
 	python3 python3-pytest python3-pip
+	# the metadata decoder's fuzzer (libFuzzer)
+	clang
 )
 
 # The Rust userspace tool (userspace/): bindgen needs libclang and

@@ -122,6 +122,13 @@ else
 		else
 			check "host unit tests" FAIL "make -C tests/host check"
 		fi
+		# 30 s of libFuzzer on the on-disk metadata decoder (tc_disk.c)
+		if make -C tests/host fuzz-short >"$RES/fuzz.log" 2>&1; then
+			check "metadata fuzz (30 s)" PASS "$(grep -a -o 'Done [0-9]* runs' "$RES/fuzz.log" | tail -n 1)"
+		else
+			tail -n 30 "$RES/fuzz.log"
+			check "metadata fuzz (30 s)" FAIL "make -C tests/host fuzz-short (results/$STAMP/fuzz.log)"
+		fi
 	fi
 	if [ -f userspace/Cargo.toml ]; then
 		if (cd userspace && cargo test) 2>&1 | tee "$RES/cargo-test.log"; then

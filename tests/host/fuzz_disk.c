@@ -147,6 +147,10 @@ static void fuzz_layout(u64 cache_sectors, u32 block_sectors)
 	 */
 	if (cache_sectors >= (1ULL << 54))
 		return;
+	/* slot numbers are 32-bit: the layout stops at TC_MAX_SLOTS */
+	FUZZ_ASSERT(l.nr_slots <= TC_MAX_SLOTS);
+	if (l.nr_slots == TC_MAX_SLOTS)
+		return;
 	next_end = TC_META_START +
 		   (unsigned __int128)tc_disk_meta_blocks(l.nr_slots + 1) *
 		   TC_MBLOCK_SECTORS;

@@ -581,6 +581,20 @@ def parse_status(line):
     return d
 
 
+def tc_slots(cache_sectors, block=8):
+    """Slots of a cache device: what fits next to the metadata (a 4 KiB
+    superblock, 32-byte entries in 4 KiB blocks from sector 8, data from
+    the next block boundary), as tc_disk_layout() computes it."""
+    n = (cache_sectors - 8) * 512 // (block * 512 + 32)
+    while n > 0:
+        meta_end = 8 + (n + 127) // 128 * 8
+        data_start = (meta_end + block - 1) // block * block
+        if data_start + n * block <= cache_sectors:
+            return n
+        n -= 1
+    return 0
+
+
 class TierCache(DmDevice):
     """A tiercache dm device built from the documented table line."""
 

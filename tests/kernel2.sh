@@ -1,0 +1,45 @@
+#!/bin/bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# The second kernel of the test matrix: Debian bookworm-backports' 6.12
+# (same gcc-12 as 6.1).  Installs it if missing (adds the backports source),
+# then runs tests/run.sh for it on the kernel-facing tests: the module,
+# table refusals, data integrity, flush, concurrency, errors and persistent
+# metadata.  The tool, LVM, script and experiment tests do not depend on
+# the kernel version and run on 6.1 only.
+#
+# Environment: KVER2 (default: newest 6.12 in /lib/modules after install),
+# TESTS2 (pytest -k expression), plus everything tests/run.sh reads.
+set -euo pipefail
+
+main() {
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+say() { echo "[kernel2] $*"; }
+SUDO=
+[ "$(id -u)" -eq 0 ] || SUDO="sudo -E"
+
+newest612() { ls /lib/modules 2>/dev/null | grep -E '^6\.12\.' | sort -V | tail -n 1; }
+
+KVER2=${KVER2:-$(newest612)}
+if [ -z "$KVER2" ] || [ ! -e "/lib/modules/$KVER2/build" ] || [ ! -e "/boot/vmlinuz-$KVER2" ]; then
+	if ! grep -rqs "bookworm-backports" /etc/apt/sources.list /etc/apt/sources.list.d/; then
+		say "adding bookworm-backports to /etc/apt/sources.list.d/backports.sources"
+		printf '%s\n' "Types: deb" "URIs: http://deb.debian.org/debian" \
+			"Suites: bookworm-backports" "Components: main" \
+			"Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg" |
+			$SUDO tee /etc/apt/sources.list.d/backports.sources >/dev/null
+	fi
+	say "apt-get install linux-image-6.12-amd64 linux-headers-6.12-amd64 (bookworm-backports)"
+	$SUDO apt-get update -q
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends \
+		-t bookworm-backports linux-image-6.12-amd64 linux-headers-6.12-amd64
+	KVER2=$(newest612)
+fi
+[ -n "$KVER2" ] || { echo "kernel2: no 6.12 kernel after install" >&2; exit 1; }
+
+TESTS2=${TESTS2:-"test_00 or test_10 or test_20 or test_30 or test_40 or test_50 or test_60 or test_70 or test_flush or test_80"}
+say "kernel $KVER2: tests $TESTS2"
+KVER=$KVER2 TESTS=$TESTS2 TC_SKIP_HOST=1 "$REPO/tests/run.sh"
+}
+
+main "$@"; exit $?
