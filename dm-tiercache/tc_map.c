@@ -485,6 +485,8 @@ static void tc_discard(struct tc_cache *c, struct bio *bio)
 			tc_discard_block(c, idx);
 			cond_resched();
 		}
+		/* slots dirty on disk are free once a commit records them */
+		tc_meta_kick(c);
 	}
 	if (bdev_max_discard_sectors(c->origin_bdev)) {
 		bio_set_dev(bio, c->origin_bdev);

@@ -825,6 +825,8 @@ class Stack:
                      origin=origin, cache=cache)
         # udev (virtme-ng starts it when present) probes a new disk
         # asynchronously: let those reads finish before the test counts
+        # (under load the probe can start late: wait for udev's queue too)
+        run(["udevadm", "settle", "--timeout=30"], check=False, quiet=True)
         settle(tc.path, quiet_s=0.3)
         return tc
 

@@ -264,8 +264,11 @@ def test_create_status_flush_remove(res):
     settle()
     st = status_json("tct1")
     assert st["dirty_bytes"] == 4 * MiB, st
-    assert st["dirty_percent"] == 25.0
-    assert st["cache_bytes"] == 16 * MiB
+    # of the slots left beside the metadata (4063 of a 16 MiB cache)
+    assert st["dirty_percent"] == round(100.0 * 1024 / st["status"]["total_blocks"], 2), st
+    # the slots' bytes: the 16 MiB device less its metadata (36 KiB here)
+    assert st["cache_bytes"] == st["status"]["total_blocks"] * 4096
+    assert 16 * MiB - 65536 <= st["cache_bytes"] < 16 * MiB, st
     # The typed decoding agrees with the raw line, field by field.
     raw = dm_status_fields("tct1")
     s = st["status"]
