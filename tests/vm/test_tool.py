@@ -282,9 +282,12 @@ def test_create_status_flush_remove(res):
     assert int(raw[18]) == s["flushes"] and raw[19] == ("1" if s["cleaner"] else "0")
 
     text = tool("status", "tct1").stdout
-    assert "  dirty:      4 MiB (1024 blocks, 25.0% of the cache)\n" in text, text
+    pct = 100.0 * 1024 / s["total_blocks"]
+    assert f"  dirty:      4 MiB (1024 blocks, {pct:.1f}% of the cache)\n" in text, text
     assert "  error:      none\n" in text
-    assert re.search(r"^tct1 +cached +writeback +64 MiB +16 MiB .* 4 MiB +idle ", tool("list").stdout, re.M)
+    # the cache column: the slots' bytes (16 MiB less the metadata)
+    assert re.search(r"^tct1 +cached +writeback +64 MiB +1[56](\.\d+)? MiB .* 4 MiB +idle ",
+                     tool("list").stdout, re.M)
 
     # Dirty data is never dropped without --force.
     p = tool("remove", "--no-flush", "tct1", rc=5)
@@ -292,7 +295,8 @@ def test_create_status_flush_remove(res):
         "tiercache: tct1: refusing to remove: the cache holds 4 MiB of dirty data "
         "(1024 blocks) not yet on the origin\n"
         "tiercache: hint: run 'tiercache flush --wait tct1' (or drop the --no-flush), "
-        "or pass --force to discard it\n")
+        "or pass --force to remove it anyway (the dirty data stays on the cache device, "
+        "not on the origin)\n")
     info = sh(["dmsetup", "info", "-c", "--noheadings", "-o", "attr", "tct1"]).stdout
     assert "s" not in info.strip()[:3].replace("-", ""), f"left suspended: {info}"
 
