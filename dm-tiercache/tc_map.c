@@ -243,15 +243,21 @@ int tc_map(struct dm_target *ti, struct bio *bio)
 	return tc_map_rw(c, bio, pb);
 }
 
+/* A new dirty slot goes into the metadata once its data write @ok-ed. */
+static void tc_record_new(struct tc_bio *pb, bool ok)
+{
+	if (!pb->meta_new)
+		return;
+	pb->meta_new = false;
+	if (ok)
+		tc_meta_set(pb->c, pb->slot, pb->block, true);
+}
+
 int tc_end_io(struct dm_target *ti, struct bio *bio, blk_status_t *error)
 {
 	struct tc_bio *pb = dm_per_bio_data(bio, sizeof(struct tc_bio));
 
-	if (pb->meta_new) {
-		pb->meta_new = false;
-		if (!*error)
-			tc_meta_set(pb->c, pb->slot, pb->block, true);
-	}
+	tc_record_new(pb, !*error);
 	if (pb->locked) {
 		pb->locked = false;
 		tc_unlock(&pb->c->locks, &pb->holder);
@@ -370,10 +376,7 @@ static void tc_fua_done(struct tc_cache *c, struct bio *bio,
 		bio_endio(bio);
 		return;
 	}
-	if (pb->meta_new) {
-		pb->meta_new = false;
-		tc_meta_set(c, pb->slot, pb->block, true);
-	}
+	tc_record_new(pb, true);
 	tc_meta_queue_bio(c, bio);
 }
 

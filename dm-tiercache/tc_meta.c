@@ -56,22 +56,27 @@ static void tc_meta_changed(struct tc_cache *c, u32 slot)
 			msecs_to_jiffies(READ_ONCE(c->val[TC_KEY_COMMIT_MS])));
 }
 
-/* The slot now holds (a version of) @block; @dirty: newer than the origin. */
+/*
+ * The slot now holds (a version of) @block; @dirty: newer than the origin.
+ * Callers hold the block's lock, and only holders change a slot's entry:
+ * an entry that already says so (a rewrite of a dirty block) is left
+ * without taking the metadata lock.
+ */
 void tc_meta_set(struct tc_cache *c, u32 slot, u64 block, bool dirty)
 {
 	struct tc_meta *m = &c->meta;
-	struct tc_disk_entry *d;
-	unsigned long flags;
+	struct tc_disk_entry *d = tc_meta_entry(m->image, slot);
 	u32 want = TC_DE_VALID | (dirty ? TC_DE_DIRTY : 0);
+	unsigned long flags;
 
+	if (le64_to_cpu(READ_ONCE(d->block)) == block &&
+	    le32_to_cpu(READ_ONCE(d->flags)) == want)
+		return;
 	spin_lock_irqsave(&m->lock, flags);
-	d = tc_meta_entry(m->image, slot);
-	if (le64_to_cpu(d->block) != block || le32_to_cpu(d->flags) != want) {
-		tc_de_encode(d, slot, block, dirty, m->open_seq);
-		if (dirty)
-			__set_bit(slot, m->disk_dirty);
-		tc_meta_changed(c, slot);
-	}
+	tc_de_encode(d, slot, block, dirty, m->open_seq);
+	if (dirty)
+		__set_bit(slot, m->disk_dirty);
+	tc_meta_changed(c, slot);
 	spin_unlock_irqrestore(&m->lock, flags);
 }
 

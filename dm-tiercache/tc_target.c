@@ -68,6 +68,7 @@ static int tc_check_sizes(struct dm_target *ti, struct tc_target *t,
 	sector_t origin_size = bdev_nr_sectors(t->origin->bdev);
 	sector_t cache_size = bdev_nr_sectors(t->cache_dev->bdev);
 	struct tc_layout l;
+	u64 slots = 0;
 
 	if (ti->len > origin_size) {
 		ti->error = "The origin device is smaller than the target";
@@ -76,16 +77,16 @@ static int tc_check_sizes(struct dm_target *ti, struct tc_target *t,
 		      (unsigned long long)ti->len);
 		return -EINVAL;
 	}
-	if (tc_disk_layout(cache_size, t->args.block_sectors, &l) ||
-	    l.nr_slots < TC_MIN_SLOTS) {
+	if (!tc_disk_layout(cache_size, t->args.block_sectors, &l))
+		slots = l.nr_slots;
+	if (slots < TC_MIN_SLOTS) {
 		ti->error = "The cache device is too small";
 		DMERR("Cache device too small: %llu sectors hold %llu blocks of %u sectors and their metadata, at least %u needed",
-		      (unsigned long long)cache_size,
-		      tc_disk_layout(cache_size, t->args.block_sectors, &l) ?
-		      0ULL : l.nr_slots, t->args.block_sectors, TC_MIN_SLOTS);
+		      (unsigned long long)cache_size, slots,
+		      t->args.block_sectors, TC_MIN_SLOTS);
 		return -EINVAL;
 	}
-	*nr_slots = min_t(u64, l.nr_slots, U32_MAX);
+	*nr_slots = slots;	/* at most TC_MAX_SLOTS = U32_MAX */
 	return 0;
 }
 
