@@ -253,10 +253,42 @@ static void tc_record_new(struct tc_bio *pb, bool ok)
 		tc_meta_set(pb->c, pb->slot, pb->block, true);
 }
 
+/*
+ * A write to a freshly allocated dirty slot failed: the slot holds no copy
+ * of the block, so its entry must go, or a later read or writeback would
+ * take whatever the slot holds.  The index is not touched in interrupt
+ * context: the bio goes to tc_io_work() with its block still locked, and
+ * is ended there a second time (dm calls tc_end_io() again).
+ */
+static bool tc_new_failed(struct tc_bio *pb, struct bio *bio,
+			  blk_status_t error)
+{
+	if (!pb->meta_new || !error)
+		return false;
+	pb->meta_new = false;
+	pb->stage = TC_ST_NEW_FAILED;
+	pb->status = error;
+	tc_queue_io(pb->c, bio);
+	return true;
+}
+
+static void tc_drop_failed(struct tc_cache *c, struct bio *bio,
+			   struct tc_bio *pb)
+{
+	struct tc_entry *e = tc_lookup(c, pb->block);
+
+	if (e && tc_slot_of(c, e) == pb->slot)
+		tc_remove(c, e);
+	bio->bi_status = pb->status;
+	bio_endio(bio);
+}
+
 int tc_end_io(struct dm_target *ti, struct bio *bio, blk_status_t *error)
 {
 	struct tc_bio *pb = dm_per_bio_data(bio, sizeof(struct tc_bio));
 
+	if (tc_new_failed(pb, bio, *error))
+		return DM_ENDIO_INCOMPLETE;
 	tc_record_new(pb, !*error);
 	if (pb->locked) {
 		pb->locked = false;
@@ -423,6 +455,9 @@ static void tc_process(struct tc_cache *c, struct bio *bio)
 		break;
 	case TC_ST_FUA_DONE:
 		tc_fua_done(c, bio, pb);
+		break;
+	case TC_ST_NEW_FAILED:
+		tc_drop_failed(c, bio, pb);
 		break;
 	}
 }

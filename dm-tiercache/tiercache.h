@@ -272,6 +272,7 @@ enum tc_stage {
 	TC_ST_PROMOTE_DONE,	/* slot write ended: index it */
 	TC_ST_FUA,		/* locked: write the slot, then commit */
 	TC_ST_FUA_DONE,		/* slot write ended: wait for a commit */
+	TC_ST_NEW_FAILED,	/* a fresh slot's write failed: drop it */
 };
 
 struct tc_bio {

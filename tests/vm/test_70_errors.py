@@ -5,6 +5,7 @@ with a dm event; the next flush retries.  Origin read errors fail only the
 reads that asked for the failed data."""
 
 import errno
+import os
 
 import pytest
 
@@ -78,3 +79,73 @@ def test_origin_read_error(stack):
     tc.remove()
     m.verify_device(origin.path, end=MiB)
     m.verify_device(origin.path, start=2 * MiB)
+
+
+def _fsync(path):
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.fsync(fd)                    # an empty REQ_PREFLUSH: a metadata commit
+    finally:
+        os.close(fd)
+
+
+def test_cache_write_error(stack):
+    """The cache device fails writes (dm-flakey error_writes).  A block
+    written for the first time fails and is not cached: nothing is dirty,
+    reads give the origin's data.  The metadata commit of an fsync after a
+    discard of dirty blocks fails: fsync says EIO and status field 22
+    latches it, field 21 stops counting.
+    Healed, writes and commits work again and a flush puts exactly the
+    acknowledged data on the origin."""
+    ram = stack.ram(32 * MiB)
+    m = tclib.seeded_origin(ram, seed=181)
+    cram = stack.ram(16 * MiB)
+    healthy = stack.flakey_table(cram)
+    broken = stack.flakey_table(cram, up=0, down=3600, features=["error_writes"])
+    cdev = stack.dm("tc-cache", healthy)
+    tc = stack.tiercache(ram, cdev.path, 8, "writeback")
+    with tclib.Workload(tc.path, m, seed=182) as wl:
+        for b in range(100, 140):
+            wl.write_direct(b * B, B)
+    _fsync(tc.path)
+    st = tc.status()
+    assert st["dirty"] == 40 and st["meta_error"] == 0, st["raw"]
+    commits = st["meta_commits"]
+    assert commits >= 1, f"an fsync after 40 new dirty blocks committed nothing: {st['raw']}"
+
+    cdev.suspend()
+    cdev.reload(broken)
+    used = tc.status()["used"]               # reads may have promoted blocks
+    for b in (500, 501, 777):                # never cached: fresh slots
+        with pytest.raises(OSError) as ei:
+            tclib.write_direct(tc.path, b * B, bytes([b % 251]) * B)
+        assert ei.value.errno == errno.EIO
+    st = tc.status()
+    assert st["dirty"] == 40, f"a failed write to a fresh slot left it dirty: {st['raw']}"
+    assert st["used"] == used, f"a failed write to a fresh slot kept its slot: {st['raw']}"
+    m.verify_device(tc.path, what="after failed cache writes (origin data expected)")
+    # Something for the next commit to write: dropping dirty blocks 101-103
+    # changes their entries (no data write involved).
+    tclib.discard(tc.path, 101 * B, 3 * B)
+    assert tc.status()["dirty"] == 37
+    with pytest.raises(OSError) as ei:
+        _fsync(tc.path)
+    assert ei.value.errno == errno.EIO
+    st = tc.status()
+    assert st["meta_error"] == -errno.EIO, f"failed commit not latched: {st['raw']}"
+    assert st["meta_commits"] == commits, st["raw"]
+
+    cdev.suspend()
+    cdev.reload(healthy)
+    with tclib.Workload(tc.path, m, seed=183) as wl:
+        for b in (500, 501, 777, 100, 2000, 101, 102, 103):
+            wl.write_direct(b * B, B)
+    _fsync(tc.path)
+    st = tc.status()
+    assert st["dirty"] == 44 and st["meta_commits"] > commits, st["raw"]
+    assert st["meta_error"] == -errno.EIO, f"the latch went away: {st['raw']}"
+    m.verify_device(tc.path, what="healed cache")
+    st = tc.flush()
+    assert st["dirty"] == 0 and st["error"] == 0, st["raw"]
+    tc.remove()
+    m.verify_device(ram, what="origin after the flush")
