@@ -317,7 +317,7 @@ int tc_meta_commit(struct tc_cache *c)
 		}
 	}
 	if (r && !m->error) {
-		m->error = r;
+		WRITE_ONCE(m->error, r);
 		DMERR("%s: metadata commit failed (%d)", c->name, r);
 	}
 	mutex_unlock(&m->commit_lock);

@@ -149,7 +149,7 @@ static void tc_emit_info(struct tc_cache *c, char *result, unsigned int maxlen,
 	u64 ratio = reqs ? div64_u64(blocks * 100, reqs) : 0;
 	unsigned int sz = *sz_ptr;
 
-	DMEMIT("%s %u %u/%u %d %lld %lld %lld %lld %lld %s %llu %llu %llu %llu %llu.%02llu %lld %d %d %lu %d",
+	DMEMIT("%s %u %u/%u %d %lld %lld %lld %lld %lld %s %llu %llu %llu %llu %llu.%02llu %lld %d %d %lu %d %lld %d",
 	       tc_mode_name(c->mode), c->block_sectors, tc_nr_used(c),
 	       c->nr_slots, atomic_read(&c->nr_dirty),
 	       atomic64_read(&s->read_hits), atomic64_read(&s->read_misses),
@@ -160,7 +160,8 @@ static void tc_emit_info(struct tc_cache *c, char *result, unsigned int maxlen,
 	       div64_u64(ratio, 100), ratio % 100,
 	       atomic64_read(&s->bridged_blocks),
 	       atomic_read(&s->inflight_max), READ_ONCE(c->fl.error),
-	       READ_ONCE(c->fl.flushes), READ_ONCE(c->cleaner) ? 1 : 0);
+	       READ_ONCE(c->fl.flushes), READ_ONCE(c->cleaner) ? 1 : 0,
+	       atomic64_read(&c->meta.commits), READ_ONCE(c->meta.error));
 	*sz_ptr = sz;
 }
 

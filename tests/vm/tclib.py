@@ -523,7 +523,7 @@ STATUS_FIELDS = ["mode", "block_size", "used_total", "dirty", "read_hits",
                  "read_misses", "write_hits", "write_misses", "write_bypass",
                  "flush_state", "wb_blocks", "wb_requests", "wb_sectors",
                  "avg_write_kb", "merge_ratio", "bridged_blocks", "inflight_max",
-                 "error", "flushes", "cleaner"]
+                 "error", "flushes", "cleaner", "meta_commits", "meta_error"]
 MODES = ("writeback", "writethrough", "passthrough")
 FLUSH_STATES = ("idle", "flushing", "background", "cleaning")
 
@@ -576,6 +576,8 @@ def parse_status(line):
     d["merge_ratio"] = float(raw["merge_ratio"])
     d["error"] = num("error", r"0|-\d+")
     d["cleaner"] = num("cleaner", r"[01]")
+    d["meta_commits"] = num("meta_commits", r"\d+")
+    d["meta_error"] = num("meta_error", r"0|-\d+")
     d["extra"] = words[len(STATUS_FIELDS):]
     d["raw"] = line
     return d

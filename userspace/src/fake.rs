@@ -35,6 +35,8 @@ pub struct Sim {
     pub fail_with: Option<i32>,
     /// New dirty blocks appearing at each status query (foreground load).
     pub incoming: u64,
+    /// Field 22: the latched metadata commit error.
+    pub meta_error: i32,
     pub msgs: Vec<String>,
 }
 
@@ -56,6 +58,7 @@ impl Sim {
             step: 100,
             fail_with: None,
             incoming: 0,
+            meta_error: 0,
             msgs: vec![],
         }
     }
@@ -70,7 +73,7 @@ impl Sim {
             0.0
         };
         format!(
-            "{} {} {}/{} {} 0 0 0 0 0 {} {} {} {} {} {:.2} 0 4 {} {} {}",
+            "{} {} {}/{} {} 0 0 0 0 0 {} {} {} {} {} {:.2} 0 4 {} {} {} {} {}",
             self.mode,
             self.block_size,
             self.used,
@@ -84,7 +87,9 @@ impl Sim {
             ratio,
             self.error,
             self.flushes,
-            if self.cleaner { 1 } else { 0 }
+            if self.cleaner { 1 } else { 0 },
+            self.flushes + 2,
+            self.meta_error
         )
     }
 

@@ -1311,6 +1311,20 @@ impl<'a> Ctx<'a> {
                 )
             }
         );
+        if let (Some(n), Some(err)) = (s.meta_commits, s.meta_error) {
+            o += &format!(
+                "  metadata:   {n} commits, {}\n",
+                if err == 0 {
+                    "no error".to_string()
+                } else {
+                    format!(
+                        "commit failed: {} (flushes and FUA writes failed; dirty blocks \
+                         since the last commit may not survive a crash)",
+                        crate::error::errno_name(err)
+                    )
+                }
+            );
+        }
         let tun: Vec<String> = cd
             .table
             .options

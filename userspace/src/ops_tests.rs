@@ -496,9 +496,16 @@ fn status_text_and_json() {
         "dirty:      16 MiB (4096 blocks, 25.0% of the cache)",
         "error:      none",
         "merge ratio",
+        "metadata:   2 commits, no error",
     ] {
         assert!(o.contains(needle), "missing '{needle}' in\n{o}");
     }
+    let t = T::new();
+    t.cached("c", 4096);
+    t.dm.devs.borrow_mut().get_mut("c").unwrap().sim.as_mut().unwrap().meta_error = -5;
+    t.ctx().status(&["c".into()], false).unwrap();
+    let o = t.out.text();
+    assert!(o.contains("metadata:   2 commits, commit failed: EIO"), "{o}");
     let t = T::new();
     t.cached("c", 4096);
     t.ctx().status(&[], true).unwrap();

@@ -2,11 +2,13 @@
 //! Typed decoding of the tiercache status line (docs/tiercache.rst, "Status").
 //!
 //! Policy: the kernel documents that fields are only ever appended.  The
-//! parser therefore requires at least the 20 documented fields, checks each
-//! of them strictly (a field it cannot decode is an error naming the field
-//! number, its name and the offending text), and keeps any further fields
-//! verbatim in `extra` without interpreting them.  Fewer than 20 fields, an
-//! unknown mode or flush state, or a malformed number is rejected.
+//! parser therefore requires at least the 20 fields every module prints,
+//! checks each of them strictly (a field it cannot decode is an error naming
+//! the field number, its name and the offending text), decodes the two
+//! metadata fields (21-22) when the module prints them, and keeps any
+//! further fields verbatim in `extra` without interpreting them.  Fewer than
+//! 20 fields, an unknown mode or flush state, or a malformed number is
+//! rejected.
 
 use serde::Serialize;
 use std::fmt;
@@ -15,8 +17,10 @@ use std::str::FromStr;
 use crate::error::{Error, Kind, Result};
 
 pub const TARGET_TYPE: &str = "tiercache";
-/// Number of fields documented in docs/tiercache.rst.
+/// Number of fields every module prints (docs/tiercache.rst).
 pub const NR_FIELDS: usize = 20;
+/// Fields with the metadata ones (21 meta_commits, 22 meta_error).
+pub const NR_FIELDS_META: usize = 22;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -119,11 +123,16 @@ pub struct Status {
     pub error: i32,
     pub flushes: u64,
     pub cleaner: bool,
-    /// Fields after the 20th, from a newer module; kept, not interpreted.
+    /// Metadata commits written (field 21; None from a module without it).
+    pub meta_commits: Option<u64>,
+    /// 0 or the negative errno of the first failed metadata commit (22).
+    pub meta_error: Option<i32>,
+    /// Fields after the last one decoded, from a newer module; kept, not
+    /// interpreted.
     pub extra: Vec<String>,
 }
 
-const FIELD_NAMES: [&str; NR_FIELDS] = [
+const FIELD_NAMES: [&str; NR_FIELDS_META] = [
     "mode",
     "block_size",
     "used/total",
@@ -144,6 +153,8 @@ const FIELD_NAMES: [&str; NR_FIELDS] = [
     "error",
     "flushes",
     "cleaner",
+    "meta_commits",
+    "meta_error",
 ];
 
 fn kerr(msg: String) -> Error {
@@ -168,6 +179,20 @@ fn num_u64(idx: usize, s: &str) -> Result<u64> {
         return Err(field_err(idx, s, "expected an unsigned decimal number"));
     }
     s.parse::<u64>()
+        .map_err(|_| field_err(idx, s, "number out of range"))
+}
+
+/// `0` or a negative errno such as `-5`.
+fn errno_field(idx: usize, s: &str) -> Result<i32> {
+    let ok = s == "0"
+        || (s.len() > 1
+            && s.starts_with('-')
+            && s[1..].bytes().all(|b| b.is_ascii_digit())
+            && !s[1..].starts_with('0'));
+    if !ok {
+        return Err(field_err(idx, s, "expected 0 or a negative errno"));
+    }
+    s.parse::<i32>()
         .map_err(|_| field_err(idx, s, "number out of range"))
 }
 
@@ -215,23 +240,20 @@ impl Status {
             return Err(field_err(2, f[2], "the cache has no slots"));
         }
         let flush_state = f[9].parse().map_err(|e: String| field_err(9, f[9], &e))?;
-        let error = {
-            let s = f[17];
-            let ok = s == "0"
-                || (s.len() > 1
-                    && s.starts_with('-')
-                    && s[1..].bytes().all(|b| b.is_ascii_digit())
-                    && !s[1..].starts_with('0'));
-            if !ok {
-                return Err(field_err(17, s, "expected 0 or a negative errno"));
-            }
-            s.parse::<i32>()
-                .map_err(|_| field_err(17, s, "number out of range"))?
-        };
+        let error = errno_field(17, f[17])?;
         let cleaner = match f[19] {
             "0" => false,
             "1" => true,
             s => return Err(field_err(19, s, "expected 0 or 1")),
+        };
+        let (meta_commits, meta_error, decoded) = if f.len() >= NR_FIELDS_META {
+            (
+                Some(num_u64(20, f[20])?),
+                Some(errno_field(21, f[21])?),
+                NR_FIELDS_META,
+            )
+        } else {
+            (None, None, NR_FIELDS)
         };
         Ok(Status {
             mode,
@@ -255,7 +277,9 @@ impl Status {
             error,
             flushes: num_u64(18, f[18])?,
             cleaner,
-            extra: f[NR_FIELDS..].iter().map(|s| s.to_string()).collect(),
+            meta_commits,
+            meta_error,
+            extra: f[decoded..].iter().map(|s| s.to_string()).collect(),
         })
     }
 
@@ -415,9 +439,23 @@ mod tests {
     }
 
     #[test]
+    fn metadata_fields_when_present() {
+        let s = Status::parse_params(&params(&[])).unwrap();
+        assert_eq!((s.meta_commits, s.meta_error), (None, None));
+        let s = Status::parse_params(&format!("{} 17 -5", params(&[]))).unwrap();
+        assert_eq!((s.meta_commits, s.meta_error), (Some(17), Some(-5)));
+        assert!(s.extra.is_empty());
+        for bad in ["17 5", "17 -05", "x 0", "-1 0"] {
+            let e = Status::parse_params(&format!("{} {bad}", params(&[]))).unwrap_err();
+            assert!(e.msg.contains("meta_"), "{bad}: {}", e.msg);
+        }
+    }
+
+    #[test]
     fn extra_fields_are_kept_not_interpreted() {
-        let p = format!("{} 42 future-word", params(&[]));
+        let p = format!("{} 3 0 42 future-word", params(&[]));
         let s = Status::parse_params(&p).unwrap();
+        assert_eq!((s.meta_commits, s.meta_error), (Some(3), Some(0)));
         assert_eq!(s.extra, vec!["42", "future-word"]);
     }
 
