@@ -27,7 +27,11 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dmioctl  # noqa: E402
 
 SCRIPT_DIR = os.path.dirname(os.path.abspath(__file__))
 STACK = os.path.join(SCRIPT_DIR, "stack.sh")
@@ -165,41 +169,52 @@ class Timeout(Exception):
     pass
 
 
+def wait_in_thread(fn):
+    """Run fn() in a thread; returns (thread, result dict).  The dict gets
+    "v" (what fn returned) and "t" (time.monotonic() when it returned), or
+    "err"."""
+    res = {}
+
+    def body():
+        try:
+            res["v"] = fn()
+            res["t"] = time.monotonic()
+        except Exception as e:  # noqa: BLE001 - reported by the caller
+            res["err"] = e
+    th = threading.Thread(target=body, daemon=True)
+    th.start()
+    return th, res
+
+
 def flush_tiercache(info, prog, timeout):
+    """A full flush: the flush message and the wait for the dm event that
+    ends it go by ioctl (dmioctl.py), so the time is the device's."""
     name = info["DM_NAME"]
-    event = int(sh(["dmsetup", "info", "-c", "--noheadings", "-o", "events", name]).strip())
-    t0 = time.monotonic()
-    sh(["dmsetup", "message", name, "0", "flush"])
-    waiter = subprocess.Popen(["dmsetup", "wait", name, str(event)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    t_event = None
-    try:
+    event = dmioctl.event_nr(name)
+
+    def until_done():
+        """The time of the event that ended the flush (the status comes
+        with the wait: nothing is started between the event and the clock)."""
+        ev = event
         while True:
-            if t_event is None and waiter.poll() is not None:
-                t_event = time.monotonic()
-            if t_event is not None:
-                st = dm_status(name)
-                if st[3] == "0" and st[9] == "idle":
-                    break
-                if st[17] != "0":
-                    return time.monotonic() - t0, f"tiercache latched error {st[17]}", {}
-                # The event came, but not the end of the flush: wait on.
-                if time.monotonic() - t_event > 30:
-                    return (time.monotonic() - t0,
-                            f"dm event raised but dirty={st[3]} flush_state={st[9]} 30 s later", {})
-                time.sleep(0.05)
-                continue
-            if time.monotonic() - t0 > timeout:
-                raise Timeout()
-            if prog.due():
-                st = dm_status(name)
-                prog.say(f"dirty {st[3]} blocks, {st[9]}, {st[11]} origin writes issued")
-            time.sleep(0.02)
-    finally:
-        if waiter.poll() is None:
-            waiter.kill()
-        waiter.wait()
-    secs = (t_event or time.monotonic()) - t0
+            ev, text = dmioctl.wait(name, ev)
+            t = time.monotonic()
+            st = text.split()
+            if (st[3] == "0" and st[9] == "idle") or st[17] != "0":
+                return t
+    t0 = time.monotonic()
+    dmioctl.message(name, "flush")
+    th, res = wait_in_thread(until_done)
+    while th.is_alive():
+        if time.monotonic() - t0 > timeout:
+            raise Timeout()
+        if prog.due():
+            st = dm_status(name)
+            prog.say(f"dirty {st[3]} blocks, {st[9]}, {st[11]} origin writes issued")
+        th.join(0.02)
+    if "err" in res:
+        return time.monotonic() - t0, f"waiting for the flush: {res['err']}", {}
+    secs = res["v"] - t0
     st = dm_status(name)
     keys = ["wb_blocks", "wb_requests", "wb_sectors", "avg_write_kb", "merge_ratio",
             "bridged_blocks", "inflight_max", "error", "flushes"]
@@ -253,26 +268,21 @@ def flush_dmcache(info, prog, timeout):
 
 
 def flush_writecache(info, prog, timeout):
+    """dm-writecache's flush message returns when the flush is done; sent by
+    ioctl like tiercache's."""
     name = info["DM_NAME"]
     t0 = time.monotonic()
-    p = subprocess.Popen(["dmsetup", "message", name, "0", "flush"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        while p.poll() is None:
-            if time.monotonic() - t0 > timeout:
-                raise Timeout()
-            if prog.due():
-                st = dm_status(name)
-                prog.say(f"{int(st[1]) - int(st[2])} blocks in use, {st[3]} under writeback")
-            time.sleep(0.02)
-    finally:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-    secs = time.monotonic() - t0
-    err = p.stderr.read().strip()
-    if p.returncode != 0:
-        return secs, f"flush message failed: {err}", {}
+    th, res = wait_in_thread(lambda: dmioctl.message(name, "flush"))
+    while th.is_alive():
+        if time.monotonic() - t0 > timeout:
+            raise Timeout()
+        if prog.due():
+            st = dm_status(name)
+            prog.say(f"{int(st[1]) - int(st[2])} blocks in use, {st[3]} under writeback")
+        th.join(0.02)
+    if "err" in res:
+        return time.monotonic() - t0, f"flush message failed: {res['err']}", {}
+    secs = res["t"] - t0
     st = dm_status(name)
     if st[0] != "0":
         return secs, f"dm-writecache error {st[0]}", {}
@@ -355,12 +365,13 @@ def stack_remove():
 
 
 def model_args(a, model):
+    fill = ["--slow-fill", str(a.slow_fill)]
     if model == "delay":
         return ["--slow", "delay", "--slow-backing", a.slow_backing,
-                "--read-delay-ms", str(a.read_delay_ms), "--write-delay-ms", str(a.delay_ms)]
+                "--read-delay-ms", str(a.read_delay_ms), "--write-delay-ms", str(a.delay_ms)] + fill
     return ["--slow", "hdd", "--hdd-nsec", str(a.hdd_nsec), "--hdd-mbps", str(a.hdd_mbps),
             "--hdd-depth", str(a.hdd_depth), "--hdd-sched", a.hdd_sched,
-            "--hdd-max-kb", str(a.hdd_max_kb)]
+            "--hdd-max-kb", str(a.hdd_max_kb)] + fill
 
 
 def model_desc(a, model):
@@ -796,7 +807,11 @@ def main():
     r.add_argument("--cases", default=DEFAULT_CASES,
                    help="NAME:FSIZE:RSIZE:FIOSIZE[:REGION],... in MiB (default: %(default)s)")
     r.add_argument("--systems", default="bare,tiercache,dm-writecache,dm-cache,bcache",
-                   help="bare, tiercache (one run per --tc-bridges value), bcache, dm-cache, dm-writecache")
+                   help="bare (fio on the slow disk), tiercache (one run per --tc-bridges"
+                   " value), bcache, dm-cache, dm-writecache")
+    r.add_argument("--slow-fill", type=int, choices=[0, 1], default=1,
+                   help="write the whole slow disk once before each case (brd and null_blk"
+                   " allocate a page on a sector's first write, a disk does not)")
     r.add_argument("--tc-bridges", default="0,64,128", help="tiercache bridge_gap_kb values")
     r.add_argument("--sparse-flush-depth", type=int, default=4096,
                    help="tiercache flush_depth for sparse cases (0 = module default)")

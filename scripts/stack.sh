@@ -69,6 +69,11 @@ Slow disk:
                      bfq)                                   [mq-deadline]
   --hdd-max-kb N     hdd model: largest request in KiB (null_blk
                      max_sectors; a SATA disk has 1280)     [1024]
+  --slow-fill 0|1    write zeros over the whole slow disk before the cache
+                     system is built.  brd and null_blk allocate a page on
+                     the first write to it, which a disk does not do: a
+                     flush to a fresh RAM-backed disk also times page
+                     allocation (ignored with --slow-dev)   [0]
 
 Cache device:
   --cache KIND       ram (brd) | ssd (loop device over a file) [ram]
@@ -344,11 +349,20 @@ teardown() {	# teardown NAME: remove the resources of a stack, newest first
 	return 0
 }
 
+# Zeros over all of a slow disk's backing device (--slow-fill 1), in
+# large writes, before the delay is put over it.
+slow_fill() {
+	[ "$SLOW_FILL" = 1 ] || return 0
+	dd if=/dev/zero of="$1" bs=1M count="$SLOW_MIB" oflag=direct conv=notrunc status=none ||
+		tc_die "cannot fill the slow disk $1"
+	info_add SLOW_FILLED 1
+}
+
 # ---------------------------------------------------------------------------
 # create
 
 SYSTEM=tiercache MODE="" BLOCK_KB="" OPTS=() META_MIB=16
-SLOW=delay SLOW_DEV_IN="" SLOW_MIB="" SLOW_BACKING=ram RD_MS=0 WR_MS=1000
+SLOW=delay SLOW_DEV_IN="" SLOW_MIB="" SLOW_BACKING=ram RD_MS=0 WR_MS=1000 SLOW_FILL=0
 HDD_NSEC=8000000 HDD_MBPS=150 HDD_DEPTH=1 HDD_SCHED=mq-deadline HDD_MAX_KB=1024
 CACHE=ram CACHE_DEV_IN="" CACHE_MIB="" FILE_DIR=/dev/shm BC_WB_DELAY=""
 
@@ -371,6 +385,7 @@ parse_create() {
 		--slow-dev) SLOW_DEV_IN=$v ;;
 		--slow-size) SLOW_MIB=$(tc_parse_size "$v") ;;
 		--slow-backing) SLOW_BACKING=$v ;;
+		--slow-fill) SLOW_FILL=$(tc_parse_uint "--slow-fill" "$v" 0 1) ;;
 		--read-delay-ms) RD_MS=$(tc_parse_uint "read delay (--read-delay-ms)" "$v" 0 600000) ;;
 		--write-delay-ms) WR_MS=$(tc_parse_uint "write delay (--write-delay-ms)" "$v" 0 600000) ;;
 		--hdd-nsec) HDD_NSEC=$(tc_parse_uint "service time (--hdd-nsec)" "$v" 0 10000000000) ;;
@@ -521,7 +536,7 @@ ensure_tiercache() {
 # canonical parameter list, to recognise a repeated identical create
 params_string() {
 	printf '%s ' "system=$SYSTEM" "mode=$MODE" "block_kb=$BLOCK_KB" "opts=${OPTS[*]:-}" \
-		"meta=$META_MIB" "slow=$SLOW" "slow_dev=$SLOW_DEV_IN" "slow_mib=$SLOW_MIB" \
+		"meta=$META_MIB" "slow=$SLOW" "slow_dev=$SLOW_DEV_IN" "slow_mib=$SLOW_MIB" "slow_fill=$SLOW_FILL" \
 		"backing=$SLOW_BACKING" "rd=$RD_MS" "wr=$WR_MS" "nsec=$HDD_NSEC" "mbps=$HDD_MBPS" \
 		"depth=$HDD_DEPTH" "sched=$HDD_SCHED" "max_kb=$HDD_MAX_KB" "cache=$CACHE" "cache_dev=$CACHE_DEV_IN" \
 		"cache_mib=$CACHE_MIB" "file_dir=$FILE_DIR" "bc_wb_delay=$BC_WB_DELAY"
@@ -619,6 +634,7 @@ cmd_create() {
 			loop_create slow "$SLOW_MIB"
 			back=$LOOP_DEV
 		fi
+		slow_fill "$back"
 		res_add dm "$NAME-slow"
 		tc_dm_create "$NAME-slow" "0 $sect delay $back 0 $RD_MS $back 0 $WR_MS"
 		slow_dev=/dev/mapper/$NAME-slow
@@ -627,6 +643,7 @@ cmd_create() {
 	else
 		nullb_create "$NAME-slow" "$SLOW_MIB"
 		slow_dev=$NULLB_DEV
+		slow_fill "$slow_dev"
 		info_add SLOW_MODEL "hdd completion_nsec=$HDD_NSEC mbps=$HDD_MBPS hw_queue_depth=$HDD_DEPTH sched=$HDD_SCHED max_sectors_kb=$HDD_MAX_KB"
 	fi
 	info_add SLOW_DEV "$slow_dev"
