@@ -8,6 +8,9 @@
 # metadata.  The tool, LVM, script and experiment tests do not depend on
 # the kernel version and run on 6.1 only.
 #
+# The QEMU-kill crash test (tests/crash/qemu_kill.sh) runs for it too
+# (TC_CRASH=1; TC_SKIP_CRASH=1 skips it).
+#
 # Environment: KVER2 (default: newest 6.12 in /lib/modules after install),
 # TESTS2 (pytest -k expression), plus everything tests/run.sh reads.
 set -euo pipefail
@@ -39,7 +42,7 @@ fi
 
 TESTS2=${TESTS2:-"test_00 or test_10 or test_20 or test_30 or test_40 or test_50 or test_60 or test_70 or test_flush or test_80 or test_81"}
 say "kernel $KVER2: tests $TESTS2"
-KVER=$KVER2 TESTS=$TESTS2 TC_SKIP_HOST=1 "$REPO/tests/run.sh"
+KVER=$KVER2 TESTS=$TESTS2 TC_SKIP_HOST=1 TC_CRASH=${TC_CRASH:-1} "$REPO/tests/run.sh"
 }
 
 main "$@"; exit $?

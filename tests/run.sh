@@ -9,6 +9,8 @@
 #      pytest tests/vm, junit xml + guest dmesg into results/<stamp>/
 #   5. fail on any test failure, a guest oops/BUG/WARNING/hung task, or a VM
 #      that did not finish
+#   6. the QEMU-kill crash test (tests/crash/qemu_kill.sh, two more boots):
+#      full suite only, results/<stamp>/crash/
 #
 # Environment:
 #   TESTS=expr|path   pytest -k expression, or test path(s) (tests/vm/x.py::t)
@@ -21,6 +23,8 @@
 #   TC_VM_TIMEOUT=3300  seconds for the whole VM run; TC_PYTEST_TIMEOUT=2700
 #   TC_VM_LOCK=/tmp/tiercache-vm.lock  serialise VM boots (empty: no lock)
 #   TC_KO=path        module to test (default dm-tiercache/dm-tiercache.ko)
+#   TC_SKIP_CRASH=1   skip the crash test (reported as SKIP)
+#   TC_CRASH=1        run the crash test even with TESTS set
 set -euo pipefail
 
 # The body is one function, parsed whole before it runs: editing this file
@@ -241,6 +245,29 @@ elif [ "$PY_PASS" -eq 0 ]; then
 	check "pytest results" FAIL "no test passed: nothing was tested (rc=$PY_RC)"
 elif [ "$PY_RC" != 0 ] && [ "$PY_FAIL" -eq 0 ]; then
 	check "pytest results" FAIL "pytest rc=$PY_RC without a failed test"
+fi
+
+# ------------------------------------------------------------------ crash
+# Two more boots (tests/crash/qemu_kill.sh): write, kill QEMU, reload and
+# verify.  Part of the full suite only (a TESTS selection is a quick run),
+# unless TC_CRASH=1 asks for it.
+hdr "QEMU kill crash test"
+if [ "${TC_SKIP_CRASH:-0}" = 1 ]; then
+	check "QEMU kill crash" SKIP "TC_SKIP_CRASH=1"
+elif [ -n "$TESTS" ] && [ "${TC_CRASH:-0}" != 1 ]; then
+	check "QEMU kill crash" SKIP "TESTS is set (full suite or TC_CRASH=1 only)"
+else
+	set +e
+	TC_KO=${TC_KO:-$REPO/dm-tiercache/dm-tiercache.ko} TC_KVM=$TC_KVM TC_VM_LOCK=$TC_VM_LOCK \
+		"$REPO/tests/crash/qemu_kill.sh" "$RES/crash" 2>&1 | tee "$RES/crash.log"
+	crash_rc=${PIPESTATUS[0]}
+	set -e
+	crash_detail=$(grep -a '^crash test: ' "$RES/crash.log" | tail -n 1 | sed -E 's/^crash test: (PASS|FAIL): //')
+	if [ "$crash_rc" = 0 ]; then
+		check "QEMU kill crash" PASS "$crash_detail"
+	else
+		check "QEMU kill crash" FAIL "${crash_detail:-rc=$crash_rc} (results/$STAMP/crash.log)"
+	fi
 fi
 
 # ------------------------------------------------------------------ summary
