@@ -218,14 +218,17 @@ class Checker:
         for i in range(self.upto):
             self.late.setdefault(sched(self.seed, self.pool, i), set()).add(i)
         self.written = set(self.acked) | set(self.late)
-        self.errors = []
+        self.errors = []        # the first mismatches, for the verdict
+        self.nbad = 0
         self.stats = {"acked_exact": 0, "acked_later": 0, "late_survived": 0,
                       "base": 0}
 
     def error(self, msg):
+        self.nbad += 1
         if len(self.errors) < 50:
             self.errors.append(msg)
-        log("MISMATCH " + msg)
+        if self.nbad <= 200:
+            log("MISMATCH " + msg)
 
     def name(self, b, got, v):
         if v is not None:
@@ -351,25 +354,29 @@ def check_phase(res, p):
     if st["dirty"] != len(dirty):
         fail(f"status dirty {st['dirty']} != {len(dirty)} committed dirty entries on disk")
 
-    seen = c.scan(tc.path, "through the target")
-    v["checks"]["through_target"] = dict(c.stats)
-    log(f"through the target: {c.stats}")
+    def scan(path, what, key):
+        c.nbad, c.errors, c.stats = 0, [], dict.fromkeys(c.stats, 0)
+        digests = c.scan(path, what)
+        v["checks"][key] = dict(c.stats, mismatches=c.nbad)
+        v.setdefault("mismatches", []).extend(c.errors)
+        log(f"{what}: {c.stats}, {c.nbad} mismatching blocks")
+        if c.nbad:
+            fail(f"{what}: {c.nbad} blocks hold what they must not, first: {c.errors[0]}")
+        return digests
+
+    seen = scan(tc.path, "through the target", "through_target")
 
     tc.flush(timeout=600)
     tc.remove()
     _seq, dirty2, _u = cache_entries(cache)
     if dirty2:
         fail(f"{len(dirty2)} dirty entries left on the cache after the flush")
-    c.stats = dict.fromkeys(c.stats, 0)
-    seen2 = c.scan(origin, "origin after the flush")
-    v["checks"]["origin"] = dict(c.stats)
-    log(f"origin after the flush: {c.stats}")
+    seen2 = scan(origin, "origin after the flush", "origin")
     differ = [b for b in range(c.nblocks) if seen[b] != seen2[b]]
     if differ:
         fail(f"{len(differ)} origin blocks differ from what the target read before the "
              f"flush: {differ[:10]}")
     tclib.run(["rmmod", tclib.MODNAME])
-    v["errors"] += c.errors
     v["ok"] = not v["errors"]
     return v
 
