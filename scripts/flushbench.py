@@ -186,6 +186,20 @@ def wait_in_thread(fn):
     return th, res
 
 
+def await_thread(fn, t0, prog, timeout, progress):
+    """Run fn() in a thread until it returns, printing progress() every
+    progress interval; Timeout `timeout` seconds after t0.  Returns the
+    result dict of wait_in_thread()."""
+    th, res = wait_in_thread(fn)
+    while th.is_alive():
+        if time.monotonic() - t0 > timeout:
+            raise Timeout()
+        if prog.due():
+            prog.say(progress())
+        th.join(0.02)
+    return res
+
+
 def flush_tiercache(info, prog, timeout):
     """A full flush: the flush message and the wait for the dm event that
     ends it go by ioctl (dmioctl.py), so the time is the device's."""
@@ -202,16 +216,12 @@ def flush_tiercache(info, prog, timeout):
             st = text.split()
             if (st[3] == "0" and st[9] == "idle") or st[17] != "0":
                 return t
+    def progress():
+        st = dm_status(name)
+        return f"dirty {st[3]} blocks, {st[9]}, {st[11]} origin writes issued"
     t0 = time.monotonic()
     dmioctl.message(name, "flush")
-    th, res = wait_in_thread(until_done)
-    while th.is_alive():
-        if time.monotonic() - t0 > timeout:
-            raise Timeout()
-        if prog.due():
-            st = dm_status(name)
-            prog.say(f"dirty {st[3]} blocks, {st[9]}, {st[11]} origin writes issued")
-        th.join(0.02)
+    res = await_thread(until_done, t0, prog, timeout, progress)
     if "err" in res:
         return time.monotonic() - t0, f"waiting for the flush: {res['err']}", {}
     secs = res["v"] - t0
@@ -271,15 +281,12 @@ def flush_writecache(info, prog, timeout):
     """dm-writecache's flush message returns when the flush is done; sent by
     ioctl like tiercache's."""
     name = info["DM_NAME"]
+
+    def progress():
+        st = dm_status(name)
+        return f"{int(st[1]) - int(st[2])} blocks in use, {st[3]} under writeback"
     t0 = time.monotonic()
-    th, res = wait_in_thread(lambda: dmioctl.message(name, "flush"))
-    while th.is_alive():
-        if time.monotonic() - t0 > timeout:
-            raise Timeout()
-        if prog.due():
-            st = dm_status(name)
-            prog.say(f"{int(st[1]) - int(st[2])} blocks in use, {st[3]} under writeback")
-        th.join(0.02)
+    res = await_thread(lambda: dmioctl.message(name, "flush"), t0, prog, timeout, progress)
     if "err" in res:
         return time.monotonic() - t0, f"flush message failed: {res['err']}", {}
     secs = res["t"] - t0
