@@ -284,3 +284,37 @@ def test_interrupted_create_is_cleaned_up(clean):
     assert "incomplete" in p.stderr
     assert info_of(p.stdout)["TOP_DEV"] == f"/dev/mapper/{NAME}-slow"
     stack("remove", NAME)
+
+
+@pytest.mark.parametrize("slow", ["delay-ram", "hdd"])
+def test_slow_fill_and_dm_ioctls(request, clean, slow):
+    """--slow-fill 1 writes zeros over the slow disk before the cache is
+    built (reported as SLOW_FILLED=1); the experiment's ioctls
+    (scripts/dmioctl.py) send target messages, refuse a bad one with the
+    target's errno, and the event wait returns the same status text as
+    dmsetup."""
+    import errno
+    import sys
+    request.getfixturevalue("tc_module")
+    sys.path.insert(0, str(REPO / "scripts"))
+    import dmioctl
+
+    info = info_of(stack("create", NAME, "--system", "tiercache", "--slow-size", "24M",
+                         "--cache", "ram", "--cache-size", "32M", "--slow-fill", "1",
+                         *SLOW[slow]).stdout)
+    assert info.get("SLOW_FILLED") == "1"
+    with open(info["SLOW_DEV"], "rb") as f:
+        f.seek(23 * MiB)
+        assert f.read(MiB) == bytes(MiB)
+    name = info["DM_NAME"]
+    dmioctl.message(name, "stats reset")
+    with pytest.raises(OSError) as ei:
+        dmioctl.message(name, "no such message")
+    assert ei.value.errno == errno.EINVAL
+    ev = dmioctl.event_nr(name)
+    assert ev == int(sh(f"dmsetup info -c --noheadings -o events {name}").strip())
+    dmioctl.message(name, "flush")          # nothing dirty: ends at once, one event
+    new_ev, text = dmioctl.wait(name, ev)
+    assert new_ev > ev
+    assert text.split() == sh(f"dmsetup status {name}").split()[3:]
+    stack("remove", NAME)
