@@ -243,14 +243,13 @@ int tc_map(struct dm_target *ti, struct bio *bio)
 	return tc_map_rw(c, bio, pb);
 }
 
-/* A new dirty slot goes into the metadata once its data write @ok-ed. */
-static void tc_record_new(struct tc_bio *pb, bool ok)
+/* A new dirty slot goes into the metadata once its data write succeeded. */
+static void tc_record_new(struct tc_bio *pb)
 {
 	if (!pb->meta_new)
 		return;
 	pb->meta_new = false;
-	if (ok)
-		tc_meta_set(pb->c, pb->slot, pb->block, true);
+	tc_meta_set(pb->c, pb->slot, pb->block, true);
 }
 
 /*
@@ -265,21 +264,25 @@ static bool tc_new_failed(struct tc_bio *pb, struct bio *bio,
 {
 	if (!pb->meta_new || !error)
 		return false;
-	pb->meta_new = false;
 	pb->stage = TC_ST_NEW_FAILED;
 	pb->status = error;
 	tc_queue_io(pb->c, bio);
 	return true;
 }
 
-static void tc_drop_failed(struct tc_cache *c, struct bio *bio,
-			   struct tc_bio *pb)
+/* End a failed write; a fresh slot it was given is dropped first. */
+static void tc_end_failed(struct tc_cache *c, struct bio *bio,
+			  struct tc_bio *pb, blk_status_t status)
 {
-	struct tc_entry *e = tc_lookup(c, pb->block);
+	struct tc_entry *e;
 
-	if (e && tc_slot_of(c, e) == pb->slot)
-		tc_remove(c, e);
-	bio->bi_status = pb->status;
+	if (pb->meta_new) {
+		pb->meta_new = false;
+		e = tc_lookup(c, pb->block);
+		if (e && tc_slot_of(c, e) == pb->slot)
+			tc_remove(c, e);
+	}
+	bio->bi_status = status;
 	bio_endio(bio);
 }
 
@@ -289,7 +292,7 @@ int tc_end_io(struct dm_target *ti, struct bio *bio, blk_status_t *error)
 
 	if (tc_new_failed(pb, bio, *error))
 		return DM_ENDIO_INCOMPLETE;
-	tc_record_new(pb, !*error);
+	tc_record_new(pb);
 	if (pb->locked) {
 		pb->locked = false;
 		tc_unlock(&pb->c->locks, &pb->holder);
@@ -404,11 +407,10 @@ static void tc_fua_done(struct tc_cache *c, struct bio *bio,
 			struct tc_bio *pb)
 {
 	if (pb->cache_status) {
-		bio->bi_status = pb->cache_status;
-		bio_endio(bio);
+		tc_end_failed(c, bio, pb, pb->cache_status);
 		return;
 	}
-	tc_record_new(pb, true);
+	tc_record_new(pb);
 	tc_meta_queue_bio(c, bio);
 }
 
@@ -457,7 +459,7 @@ static void tc_process(struct tc_cache *c, struct bio *bio)
 		tc_fua_done(c, bio, pb);
 		break;
 	case TC_ST_NEW_FAILED:
-		tc_drop_failed(c, bio, pb);
+		tc_end_failed(c, bio, pb, pb->status);
 		break;
 	}
 }

@@ -120,6 +120,16 @@ def test_cache_write_error(stack):
         with pytest.raises(OSError) as ei:
             tclib.write_direct(tc.path, b * B, bytes([b % 251]) * B)
         assert ei.value.errno == errno.EIO
+    # the same through the FUA path (the slot write, then a commit)
+    fd = os.open(tc.path, os.O_WRONLY | os.O_DIRECT | os.O_DSYNC)
+    buf = tclib.aligned_buf(B)
+    try:
+        with pytest.raises(OSError) as ei:
+            os.pwrite(fd, memoryview(buf)[:B], 888 * B)
+        assert ei.value.errno == errno.EIO
+    finally:
+        os.close(fd)
+        buf.close()
     st = tc.status()
     assert st["dirty"] == 40, f"a failed write to a fresh slot left it dirty: {st['raw']}"
     assert st["used"] == used, f"a failed write to a fresh slot kept its slot: {st['raw']}"
