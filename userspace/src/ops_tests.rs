@@ -187,11 +187,16 @@ fn create_loads_the_table() {
 #[test]
 fn create_refusals() {
     let t = T::new();
+    let refused = |name: &str, origin: &str, cache: &str| {
+        t.ctx()
+            .create(&setup(name, origin, cache), false, false)
+            .unwrap_err()
+    };
+    let hold = |dev: (u32, u32), why: &str| {
+        t.host.users.borrow_mut().insert(dev, why.into());
+    };
     t.cached("busy", 0);
-    let e = t
-        .ctx()
-        .create(&setup("busy", "/dev/slow", "/dev/fast"), false, false)
-        .unwrap_err();
+    let e = refused("busy", "/dev/slow", "/dev/fast");
     assert_eq!(e.kind, Kind::Busy);
     assert!(
         e.msg
@@ -200,32 +205,17 @@ fn create_refusals() {
         e.msg
     );
 
-    let e = t
-        .ctx()
-        .create(&setup("x", "/dev/nope", "/dev/fast"), false, false)
-        .unwrap_err();
+    let e = refused("x", "/dev/nope", "/dev/fast");
     assert_eq!(e.kind, Kind::NotFound);
     assert!(e.msg.starts_with("origin: /dev/nope"), "{}", e.msg);
     // A missing origin is reported before a busy cache.
-    t.host
-        .users
-        .borrow_mut()
-        .insert((8, 32), "held by dm-9 (hold)".into());
-    let e = t
-        .ctx()
-        .create(&setup("x", "/dev/nope", "/dev/fast"), false, false)
-        .unwrap_err();
+    hold((8, 32), "held by dm-9 (hold)");
+    let e = refused("x", "/dev/nope", "/dev/fast");
     assert_eq!(e.kind, Kind::NotFound);
     t.host.users.borrow_mut().clear();
 
-    t.host
-        .users
-        .borrow_mut()
-        .insert((8, 16), "mounted on /mnt".into());
-    let e = t
-        .ctx()
-        .create(&setup("x", "/dev/slow", "/dev/fast"), false, false)
-        .unwrap_err();
+    hold((8, 16), "mounted on /mnt");
+    let e = refused("x", "/dev/slow", "/dev/fast");
     assert_eq!(e.kind, Kind::Busy);
     assert!(
         e.msg.contains("origin /dev/slow") && e.msg.contains("mounted on /mnt"),
@@ -235,10 +225,7 @@ fn create_refusals() {
     assert!(e.hint.unwrap().contains("unmount"));
     t.host.users.borrow_mut().clear();
 
-    let e = t
-        .ctx()
-        .create(&setup("x", "/dev/slow", "/dev/tiny"), false, false)
-        .unwrap_err();
+    let e = refused("x", "/dev/slow", "/dev/tiny");
     assert_eq!(e.kind, Kind::Usage);
     assert!(
         e.msg
@@ -247,16 +234,10 @@ fn create_refusals() {
         e.msg
     );
 
-    let e = t
-        .ctx()
-        .create(&setup("x", "/dev/slow", "/dev/slow"), false, false)
-        .unwrap_err();
+    let e = refused("x", "/dev/slow", "/dev/slow");
     assert_eq!(e.kind, Kind::Usage);
 
-    let e = t
-        .ctx()
-        .create(&setup("a/b", "/dev/slow", "/dev/fast"), false, false)
-        .unwrap_err();
+    let e = refused("a/b", "/dev/slow", "/dev/fast");
     assert_eq!(e.kind, Kind::Usage);
 
     let mut s = setup("x", "/dev/slow", "/dev/fast");
@@ -502,10 +483,20 @@ fn status_text_and_json() {
     }
     let t = T::new();
     t.cached("c", 4096);
-    t.dm.devs.borrow_mut().get_mut("c").unwrap().sim.as_mut().unwrap().meta_error = -5;
+    t.dm.devs
+        .borrow_mut()
+        .get_mut("c")
+        .unwrap()
+        .sim
+        .as_mut()
+        .unwrap()
+        .meta_error = -5;
     t.ctx().status(&["c".into()], false).unwrap();
     let o = t.out.text();
-    assert!(o.contains("metadata:   2 commits, commit failed: EIO"), "{o}");
+    assert!(
+        o.contains("metadata:   2 commits, commit failed: EIO"),
+        "{o}"
+    );
     let t = T::new();
     t.cached("c", 4096);
     t.ctx().status(&[], true).unwrap();
