@@ -35,6 +35,10 @@
 
 #include "tiercache.h"
 
+/* buffer chunks the pool keeps ready: a few requests' worth, 16 MiB most */
+#define TC_WB_POOL_REQS		4
+#define TC_WB_POOL_MAX		(16 << 20)
+
 enum tc_wb_stage {
 	TC_WB_SPAN,		/* one origin read under all the holes */
 	TC_WB_READ,		/* slot reads (and holes, without a span) */
@@ -177,7 +181,7 @@ static const struct tc_plan_ops tc_gather_ops = {
 
 static void tc_wb_free(struct tc_wb_req *req)
 {
-	tc_buf_free(&req->buf);
+	tc_buf_free(&req->c->fl.pool, &req->buf);
 	kvfree(req);
 }
 
@@ -347,7 +351,7 @@ static void tc_wb_begin_read(struct tc_cache *c, struct tc_wb_req *req)
 	size_t bb = tc_block_bytes(c);
 	u32 lo = 0, hi = 0;
 
-	if (tc_buf_alloc(&req->buf, (size_t)req->nr * bb)) {
+	if (tc_buf_alloc(&c->fl.pool, &req->buf, (size_t)req->nr * bb)) {
 		req->stage = TC_WB_READ;
 		req->status = BLK_STS_RESOURCE;
 		atomic_set(&req->pending, 1);
@@ -494,7 +498,7 @@ static void tc_wb_write_done(struct tc_cache *c, struct tc_wb_req *req)
 {
 	struct tc_flush *fl = &c->fl;
 
-	tc_buf_free(&req->buf);
+	tc_buf_free(&fl->pool, &req->buf);
 	atomic_dec(&fl->inflight);
 	/* the filler is on the origin: writes around the cache may go on */
 	tc_wb_unlock(c, req, false);
@@ -563,6 +567,21 @@ static void tc_wb_done_work(struct work_struct *w)
 }
 
 /* ---- the engine ---- */
+
+/*
+ * Keep buffer chunks for a few requests ready (fewer when less is dirty),
+ * allocated beside the engine rather than in its path.
+ */
+static void tc_wb_pool_start(struct tc_cache *c)
+{
+	size_t chunk = PAGE_SIZE << TC_BUF_MAX_ORDER;
+	size_t req_bytes = (size_t)READ_ONCE(c->val[TC_KEY_MAX_FLUSH_KB]) << 10;
+	size_t dirty = (size_t)atomic_read(&c->nr_dirty) * tc_block_bytes(c);
+	size_t ahead = min3(TC_WB_POOL_REQS * req_bytes, dirty,
+			    (size_t)TC_WB_POOL_MAX);
+
+	tc_pool_start(&c->fl.pool, c->wq, DIV_ROUND_UP(ahead, chunk));
+}
 
 static void tc_wb_start(struct tc_cache *c, struct tc_wb_req *req)
 {
@@ -645,15 +664,16 @@ static void tc_flush_work(struct work_struct *w)
 {
 	struct tc_cache *c = container_of(w, struct tc_cache, fl.work);
 	struct tc_flush *fl = &c->fl;
+	bool pool = false;
 	struct tc_wb_req *req;
 
 	for (;;) {
 		if (test_bit(TC_FL_STOPPED, &fl->bits))
-			return;
+			return;		/* tc_flush_stop() empties the pool */
 		if (test_and_clear_bit(TC_FL_FULL_REQ, &fl->bits))
 			tc_wb_begin_full(c);
 		if (!tc_wb_wanted(c))
-			return;
+			break;
 		if (atomic_read(&fl->inflight) >=
 		    READ_ONCE(c->val[TC_KEY_FLUSH_DEPTH]))
 			return;		/* a write completion requeues us */
@@ -664,12 +684,18 @@ static void tc_flush_work(struct work_struct *w)
 		}
 		if (!req) {
 			if (!tc_wb_end_pass(c))
-				return;
+				break;
 			continue;
+		}
+		if (!pool) {
+			tc_wb_pool_start(c);
+			pool = true;
 		}
 		tc_wb_start(c, req);
 		cond_resched();
 	}
+	/* writeback is idle: its buffers go back to the system */
+	tc_pool_stop(&fl->pool);
 }
 
 /* ---- control ---- */
@@ -687,6 +713,7 @@ void tc_flush_init(struct tc_cache *c)
 	atomic_set(&fl->inflight, 0);
 	atomic_set(&fl->outstanding, 0);
 	init_waitqueue_head(&fl->wait);
+	tc_pool_init(&fl->pool);
 	fl->bits = BIT(TC_FL_STOPPED);
 }
 
@@ -725,6 +752,7 @@ void tc_flush_stop(struct tc_cache *c)
 	cancel_work_sync(&fl->work);
 	wait_event_idle(fl->wait, !atomic_read(&fl->outstanding));
 	flush_work(&fl->done_work);
+	tc_pool_stop(&fl->pool);
 }
 
 void tc_flush_resume(struct tc_cache *c)

@@ -5,16 +5,25 @@
  * A writeback request gathers many cache slots into one buffer and writes
  * it to the origin as one bio.  The buffer is made of compound pages of up
  * to 64 KiB so that a bio of BIO_MAX_VECS vectors carries up to 16 MiB;
- * when memory is fragmented it falls back to single pages.
+ * when memory is fragmented it falls back to single pages.  Chunks of the
+ * largest size come from the engine's pool (tc_pool.c) when it has some.
  */
 #include <linux/slab.h>
 #include <linux/mm.h>
 
 #include "tiercache.h"
 
-#define TC_BUF_MAX_ORDER	4
+static void tc_buf_free_chunk(struct tc_pool *p, struct tc_buf *b,
+			      struct page *pg)
+{
+	unsigned int order = get_order(b->chunk_bytes);
 
-void tc_buf_free(struct tc_buf *b)
+	if (order != TC_BUF_MAX_ORDER || !p || !tc_pool_put(p, pg))
+		__free_pages(pg, order);
+}
+
+/* Free @b's chunks, or give them to @p (may be NULL) for reuse. */
+void tc_buf_free(struct tc_pool *p, struct tc_buf *b)
 {
 	unsigned int i;
 
@@ -22,14 +31,14 @@ void tc_buf_free(struct tc_buf *b)
 		return;
 	for (i = 0; i < b->nr_chunks; i++)
 		if (b->chunks[i])
-			__free_pages(b->chunks[i], get_order(b->chunk_bytes));
+			tc_buf_free_chunk(p, b, b->chunks[i]);
 	kfree(b->chunks);
 	b->chunks = NULL;
 	b->nr_chunks = 0;
 }
 
-static int tc_buf_alloc_order(struct tc_buf *b, size_t bytes,
-			      unsigned int order)
+static int tc_buf_alloc_order(struct tc_pool *p, struct tc_buf *b,
+			      size_t bytes, unsigned int order)
 {
 	gfp_t gfp = GFP_NOIO;
 	unsigned int i;
@@ -42,23 +51,30 @@ static int tc_buf_alloc_order(struct tc_buf *b, size_t bytes,
 	if (!b->chunks)
 		return -ENOMEM;
 	for (i = 0; i < b->nr_chunks; i++) {
-		b->chunks[i] = alloc_pages(gfp, order);
+		if (order == TC_BUF_MAX_ORDER && p)
+			b->chunks[i] = tc_pool_get(p);
+		if (!b->chunks[i])
+			b->chunks[i] = alloc_pages(gfp, order);
 		if (!b->chunks[i]) {
-			tc_buf_free(b);
+			tc_buf_free(p, b);
 			return -ENOMEM;
 		}
 	}
 	return 0;
 }
 
-int tc_buf_alloc(struct tc_buf *b, size_t bytes)
+/*
+ * A buffer of @bytes, in chunks of up to 1 << TC_BUF_MAX_ORDER pages taken
+ * from @p (may be NULL) when it has them.
+ */
+int tc_buf_alloc(struct tc_pool *p, struct tc_buf *b, size_t bytes)
 {
 	unsigned int order = min_t(unsigned int, get_order(bytes),
 				   TC_BUF_MAX_ORDER);
 
-	if (order && !tc_buf_alloc_order(b, bytes, order))
+	if (order && !tc_buf_alloc_order(p, b, bytes, order))
 		return 0;
-	return tc_buf_alloc_order(b, bytes, 0);
+	return tc_buf_alloc_order(p, b, bytes, 0);
 }
 
 /*

@@ -137,6 +137,26 @@ struct tc_stats {
 	atomic_t inflight_max;
 };
 
+/* ---- tc_pool.c: ready buffer chunks for the engine ---- */
+
+#define TC_BUF_MAX_ORDER	4
+
+struct tc_pool {
+	spinlock_t lock;		/* chunks, nr, target, wq */
+	struct list_head chunks;	/* free chunks, linked by page->lru */
+	unsigned int nr;
+	unsigned int target;		/* chunks to keep; 0: stopped */
+	struct workqueue_struct *wq;
+	struct work_struct refill;
+};
+
+void tc_pool_init(struct tc_pool *p);
+void tc_pool_start(struct tc_pool *p, struct workqueue_struct *wq,
+		   unsigned int target);
+void tc_pool_stop(struct tc_pool *p);
+struct page *tc_pool_get(struct tc_pool *p);
+bool tc_pool_put(struct tc_pool *p, struct page *pg);
+
 /* ---- tc_flush.c: the neighbour-merging writeback engine ---- */
 
 enum tc_flush_bits {
@@ -165,6 +185,7 @@ struct tc_flush {
 	wait_queue_head_t wait;
 	int error;			/* latched first error */
 	unsigned long flushes;		/* full flushes completed */
+	struct tc_pool pool;		/* buffer chunks, while running */
 };
 
 /* ---- tc_meta.c: persistent metadata ---- */
@@ -358,8 +379,8 @@ struct tc_buf {
 	struct page **chunks;
 };
 
-int tc_buf_alloc(struct tc_buf *b, size_t bytes);
-void tc_buf_free(struct tc_buf *b);
+int tc_buf_alloc(struct tc_pool *p, struct tc_buf *b, size_t bytes);
+void tc_buf_free(struct tc_pool *p, struct tc_buf *b);
 struct bio *tc_buf_bio(struct tc_cache *c, struct tc_buf *b, size_t off,
 		       size_t *len, struct block_device *bdev, sector_t sector,
 		       blk_opf_t opf);
