@@ -37,7 +37,7 @@ static void tc_pool_refill(struct work_struct *w)
 			return;
 		pg = alloc_pages(TC_POOL_GFP, TC_BUF_MAX_ORDER);
 		if (!pg)
-			return;		/* memory is short: the engine waits */
+			return;	/* memory is short: the engine allocates its own */
 		if (!tc_pool_put(p, pg)) {
 			__free_pages(pg, TC_BUF_MAX_ORDER);
 			return;
