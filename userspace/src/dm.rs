@@ -9,6 +9,17 @@ use std::time::Duration;
 
 use crate::error::{busy, errno_name, failure, not_found, Error, Kind, Result};
 
+/// Wait (30 s at most) until udev has handled the events it has queued;
+/// nothing to do where udevadm is missing or udev does not run.
+fn settle_udev() {
+    let _ = std::process::Command::new("udevadm")
+        .args(["settle", "--timeout=30"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DevInfo {
     pub name: String,
@@ -251,8 +262,11 @@ impl Dm for KernelDm {
 
     fn remove(&self, name: &str) -> Result<()> {
         let id = devicemapper::DevId::Name(dm_name(name)?);
-        // A uevent (a flush, a resume) makes udev open the device for a
-        // moment: retry EBUSY for a while, as `dmsetup remove --retry` does.
+        // A uevent (a resume, closing the device after writing it) makes
+        // udev open the device for a moment: retry EBUSY for a while, as
+        // `dmsetup remove --retry` does.  A busy udev gets to such an event
+        // late, after a backlog (LVM's rules scan every new device): wait
+        // for its queue to drain first.
         let mut tries = 0;
         loop {
             match self
@@ -261,6 +275,9 @@ impl Dm for KernelDm {
             {
                 Ok(_) => return Ok(()),
                 Err(e) if ioctl_errno(&e) == Some(libc::EBUSY) && tries < 50 => {
+                    if tries == 0 {
+                        settle_udev();
+                    }
                     tries += 1;
                     std::thread::sleep(Duration::from_millis(200));
                 }
