@@ -169,10 +169,11 @@ class Timeout(Exception):
     pass
 
 
-def wait_in_thread(fn):
-    """Run fn() in a thread; returns (thread, result dict).  The dict gets
-    "v" (what fn returned) and "t" (time.monotonic() when it returned), or
-    "err"."""
+def await_thread(fn, t0, prog, timeout, progress):
+    """Run fn() in a thread until it returns, printing progress() every
+    progress interval; Timeout `timeout` seconds after t0.  Returns a dict
+    with "v" (what fn returned) and "t" (time.monotonic() when it
+    returned), or "err"."""
     res = {}
 
     def body():
@@ -183,14 +184,6 @@ def wait_in_thread(fn):
             res["err"] = e
     th = threading.Thread(target=body, daemon=True)
     th.start()
-    return th, res
-
-
-def await_thread(fn, t0, prog, timeout, progress):
-    """Run fn() in a thread until it returns, printing progress() every
-    progress interval; Timeout `timeout` seconds after t0.  Returns the
-    result dict of wait_in_thread()."""
-    th, res = wait_in_thread(fn)
     while th.is_alive():
         if time.monotonic() - t0 > timeout:
             raise Timeout()
