@@ -7,6 +7,15 @@
  * keeps the cache device, origin, block size and length attaches to the
  * same state, so changing the mode or a tunable by reload keeps every
  * cached and dirty block.  The last table to let go frees it.
+ *
+ * A new state is entered in the registry before its metadata is read (the
+ * reading, and the first commit, happen outside the registry's mutex); a
+ * table that meets a state still being created is refused with EBUSY.
+ *
+ * A table that changes the cache device of a live device, or switches it
+ * to passthrough, needs a clean cache at its resume: from its load on,
+ * writes to the live state no longer make blocks dirty (tc_cache_hold()),
+ * and the resume writes back what is left.
  */
 #include <linux/slab.h>
 #include <linux/log2.h>
@@ -30,6 +39,9 @@ static void tc_cache_destroy(struct tc_cache *c)
 			DMERR("%s: the last metadata commit failed", c->name);
 		destroy_workqueue(c->wq);
 	}
+	if (c->discard_wq)
+		destroy_workqueue(c->discard_wq);
+	tc_flush_exit(c);
 	dirty = c->entries ? atomic_read(&c->nr_dirty) : 0;
 	if (dirty)
 		DMINFO("%s: %d dirty blocks stay in the cache device's metadata",
@@ -48,7 +60,8 @@ static int tc_cache_setup(struct tc_cache *c)
 	r = tc_index_init(c);
 	if (r)
 		return r;
-	r = tc_locks_init(&c->locks, TC_LOCK_BUCKETS, tc_requeue, c);
+	r = tc_locks_init(&c->locks, TC_LOCK_BUCKETS, tc_holder_of, tc_requeue,
+			  c);
 	if (r)
 		return r;
 	r = bioset_init(&c->bs, TC_BIOSET_SIZE, 0, BIOSET_NEED_BVECS);
@@ -62,21 +75,25 @@ static int tc_cache_setup(struct tc_cache *c)
 	mutex_init(&c->ctl_lock);
 	tc_flush_init(c);
 	tc_meta_init(c);
+	atomic_set(&c->no_dirty, 0);
 	c->wq = alloc_workqueue("tiercache-%s", WQ_MEM_RECLAIM | WQ_UNBOUND, 0,
 				c->name);
-	return c->wq ? 0 : -ENOMEM;
+	/* discards sleep on block locks: a queue (and rescuer) of their own */
+	c->discard_wq = alloc_ordered_workqueue("tiercache-discard-%s",
+						WQ_MEM_RECLAIM, c->name);
+	return c->wq && c->discard_wq ? 0 : -ENOMEM;
 }
 
-static struct tc_cache *tc_cache_create(struct tc_target *t,
-					struct mapped_device *md, u32 nr_slots,
-					char **error)
+/* A new state, entered in the registry as being created. */
+static struct tc_cache *tc_cache_alloc(struct tc_target *t,
+				       struct mapped_device *md, u32 nr_slots)
 {
 	struct tc_cache *c = kzalloc(sizeof(*c), GFP_KERNEL);
-	int r;
 
 	if (!c)
-		return ERR_PTR(-ENOMEM);
+		return NULL;
 	refcount_set(&c->ref, 1);
+	c->creating = true;
 	c->md = md;
 	strscpy(c->name, dm_device_name(md), sizeof(c->name));
 	c->origin_bdev = t->origin->bdev;
@@ -90,22 +107,32 @@ static struct tc_cache *tc_cache_create(struct tc_target *t,
 	c->nr_slots = nr_slots;
 	c->data_start = 0;	/* set by tc_meta_open() */
 	c->mode = t->args.mode;
+	c->read_only = t->read_only;
 	memcpy(c->val, t->val, sizeof(c->val));
+	return c;
+}
+
+/* Set up a state from tc_cache_alloc(): memory, then format or load. */
+static int tc_cache_create(struct tc_cache *c, struct tc_target *t,
+			   char **error)
+{
+	int r;
 
 	r = tc_cache_setup(c);
 	if (r) {
 		*error = "Cannot allocate the cache state";
-		tc_cache_destroy(c);
-		return ERR_PTR(r);
+		return r;
 	}
 	r = tc_meta_open(c, t, error);
-	if (r) {
-		tc_cache_destroy(c);
-		return ERR_PTR(r);
-	}
+	if (r)
+		return r;
 	c->data_start = c->meta.layout.data_start;
 	c->meta_loaded = true;
-	return c;
+	if (t->args.mode == TC_MODE_PASSTHROUGH && atomic_read(&c->nr_dirty)) {
+		*error = "Passthrough refused: the cache device holds dirty blocks (load it in writeback mode and flush first)";
+		return -EBUSY;
+	}
+	return 0;
 }
 
 /* May table @t attach to the existing state @c of its device? */
@@ -122,6 +149,41 @@ static int tc_cache_check_reload(struct tc_cache *c, struct tc_target *t,
 	return 0;
 }
 
+/* From now until @t resumes, writes to @c stay clean. */
+static void tc_cache_hold(struct tc_target *t, struct tc_cache *c)
+{
+	refcount_inc(&c->ref);
+	atomic_inc(&c->no_dirty);
+	t->hold = c;
+}
+
+void tc_cache_release_hold(struct tc_target *t)
+{
+	struct tc_cache *c = t->hold;
+
+	if (!c)
+		return;
+	t->hold = NULL;
+	atomic_dec(&c->no_dirty);
+	tc_cache_put(c);
+}
+
+/*
+ * Another state of the same device (the live one, whose cache device @t
+ * replaces): refused while it holds dirty blocks, else held clean.
+ */
+static int tc_cache_other(struct tc_target *t, struct tc_cache *c,
+			  char **error)
+{
+	if (atomic_read(&c->nr_dirty)) {
+		*error = "The current cache device still holds dirty blocks: flush before changing it";
+		return -EBUSY;
+	}
+	if (READ_ONCE(c->owner) && !t->hold)
+		tc_cache_hold(t, c);
+	return 0;
+}
+
 /* The state for table @t: the device's existing one, or a new one. */
 struct tc_cache *tc_cache_get(struct tc_target *t, u32 nr_slots, char **error)
 {
@@ -132,11 +194,16 @@ struct tc_cache *tc_cache_get(struct tc_target *t, u32 nr_slots, char **error)
 
 	mutex_lock(&tc_registry_lock);
 	list_for_each_entry(c, &tc_registry, list) {
-		if (c->md == md && c->cache_dev != cdev &&
-		    atomic_read(&c->nr_dirty)) {
-			*error = "The current cache device still holds dirty blocks: flush before changing it";
+		if (c->creating && (c->md == md || c->cache_dev == cdev)) {
+			*error = "Another table of this device or cache device is being loaded";
 			r = -EBUSY;
 			goto out;
+		}
+		if (c->md == md && c->cache_dev != cdev) {
+			r = tc_cache_other(t, c, error);
+			if (r)
+				goto out;
+			continue;
 		}
 		if (c->cache_dev != cdev)
 			continue;
@@ -152,19 +219,42 @@ struct tc_cache *tc_cache_get(struct tc_target *t, u32 nr_slots, char **error)
 			*error = "Passthrough refused while blocks are dirty: flush first";
 			r = -EBUSY;
 		}
-		if (!r)
-			refcount_inc(&c->ref);
-		goto out;
+		if (r)
+			goto out;
+		refcount_inc(&c->ref);
+		/* passthrough resumes only over a clean cache: keep it so */
+		if (t->args.mode == TC_MODE_PASSTHROUGH && !t->hold)
+			tc_cache_hold(t, c);
+		mutex_unlock(&tc_registry_lock);
+		return c;
 	}
-	c = tc_cache_create(t, md, nr_slots, error);
-	if (IS_ERR(c)) {
-		r = PTR_ERR(c);
+	c = tc_cache_alloc(t, md, nr_slots);
+	if (!c) {
+		*error = "Cannot allocate the cache state";
+		r = -ENOMEM;
 		goto out;
 	}
 	list_add(&c->list, &tc_registry);
+	mutex_unlock(&tc_registry_lock);
+
+	r = tc_cache_create(c, t, error);	/* metadata I/O: not locked */
+
+	mutex_lock(&tc_registry_lock);
+	if (r)
+		list_del(&c->list);
+	else
+		c->creating = false;
+	mutex_unlock(&tc_registry_lock);
+	if (r) {
+		tc_cache_destroy(c);
+		return ERR_PTR(r);
+	}
+	return c;
 out:
 	mutex_unlock(&tc_registry_lock);
-	return r ? ERR_PTR(r) : c;
+	if (t->hold)
+		tc_cache_release_hold(t);
+	return ERR_PTR(r);
 }
 
 void tc_cache_put(struct tc_cache *c)

@@ -27,17 +27,29 @@
  * write completes, so nothing written around the cache meanwhile is
  * overwritten by the filler.  At
  * most flush_depth requests are between gather and write completion.
- * Completions run in done_work; the engine itself only gathers and issues.
+ * Completions run in done_work; the engine itself only gathers and issues,
+ * and never waits for done_work (both run on one WQ_MEM_RECLAIM queue, whose
+ * rescuer runs one item at a time): at the end of a pass it returns, and
+ * the last request released queues it again.
+ *
+ * When the origin cannot be read under a bridged hole, the request writes
+ * its dirty runs alone.  An error pauses background writeback, which tries
+ * again after a back-off (1 s, doubling up to 8 s).  A full flush writes
+ * what was dirty when it began: blocks rewritten since need no second pass.
  */
 #include <linux/slab.h>
 #include <linux/vmalloc.h>
 #include <linux/delay.h>
+#include <linux/sched/mm.h>
 
 #include "tiercache.h"
 
 /* buffer chunks the pool keeps ready: a few requests' worth, 16 MiB most */
 #define TC_WB_POOL_REQS		4
 #define TC_WB_POOL_MAX		(16 << 20)
+/* back-off of background writeback after an error */
+#define TC_WB_BACKOFF_MIN_MS	1000
+#define TC_WB_BACKOFF_MAX_MS	8000
 
 enum tc_wb_stage {
 	TC_WB_SPAN,		/* one origin read under all the holes */
@@ -61,7 +73,8 @@ struct tc_wb_req {
 	u32 nr;
 	u32 nr_dirty;
 	atomic_t pending;
-	blk_status_t status;
+	blk_status_t status;		/* cache reads, the write */
+	blk_status_t hole_status;	/* origin reads under holes */
 	struct tc_buf buf;
 	struct tc_wb_blk blks[];
 };
@@ -135,6 +148,9 @@ static enum tc_blk_kind tc_gather_take(void *ctx, u64 b)
 	struct tc_wb_blk *blk = &g->req->blks[b - g->req->first];
 	struct tc_cache *c = g->c;
 
+	blk->held = false;
+	blk->dirty = false;
+	blk->e = NULL;
 	if (!tc_trylock(&c->locks, &blk->h, b, TC_LK_WB))
 		return TC_BLK_BUSY;
 	blk->held = true;
@@ -186,6 +202,87 @@ static void tc_wb_free(struct tc_wb_req *req)
 }
 
 /*
+ * A dirty block was busy at the cursor.  A full flush must come back for
+ * it only if it holds data older than the flush: a block rewritten since
+ * carries a newer sequence, and the flush promised nothing about it.
+ */
+static void tc_wb_skipped(struct tc_cache *c, u64 block)
+{
+	struct tc_flush *fl = &c->fl;
+	struct tc_entry *e;
+
+	if (test_bit(TC_FL_FULL, &fl->bits)) {
+		e = tc_lookup(c, block);
+		if (e && READ_ONCE(e->seq) > fl->full_seq)
+			return;
+	}
+	fl->pass_skipped = true;
+}
+
+/*
+ * Descriptors may be large (max_flush_kb of blocks): kvmalloc() falls back
+ * to vmalloc() only for GFP_KERNEL, so no I/O is kept out by the scope.
+ */
+static void *tc_wb_alloc(size_t bytes)
+{
+	unsigned int noio = memalloc_noio_save();
+	void *p = kvmalloc(bytes, GFP_KERNEL);
+
+	memalloc_noio_restore(noio);
+	return p;
+}
+
+/* The gather descriptor, for requests of up to @blocks blocks. */
+static struct tc_wb_req *tc_wb_scratch(struct tc_cache *c, u32 blocks)
+{
+	struct tc_flush *fl = &c->fl;
+
+	if (fl->scratch_blocks < blocks) {
+		kvfree(fl->scratch);
+		fl->scratch_blocks = 0;
+		fl->scratch = tc_wb_alloc(struct_size(fl->scratch, blks,
+						      blocks));
+		if (!fl->scratch)
+			return NULL;
+		fl->scratch_blocks = blocks;
+	}
+	return fl->scratch;
+}
+
+/*
+ * The gathered request, in a descriptor of its own size: the memory of
+ * the requests in flight follows their size, not max_flush_kb.  The locks
+ * move with the blocks.  NULL if there is no memory (all is given back).
+ */
+static struct tc_wb_req *tc_wb_own(struct tc_cache *c, struct tc_wb_req *g)
+{
+	struct tc_wb_req *req;
+	u32 i;
+
+	req = tc_wb_alloc(struct_size(req, blks, g->nr));
+	if (req) {
+		memset(req, 0, sizeof(*req));
+		req->c = c;
+		req->first = g->first;
+		req->nr = g->nr;
+	}
+	for (i = 0; i < g->nr; i++) {
+		struct tc_wb_blk *from = &g->blks[i], *to;
+
+		if (!req) {
+			if (from->dirty)
+				clear_bit(TC_E_WB, &from->e->flags);
+			tc_unlock(&c->locks, &from->h);
+			continue;
+		}
+		to = &req->blks[i];
+		*to = *from;
+		tc_lock_move(&c->locks, &from->h, &to->h);
+	}
+	return req;
+}
+
+/*
  * The next request from the cursor.  NULL at the end of a pass,
  * ERR_PTR(-EAGAIN) when the dirty block under the cursor was busy.
  */
@@ -208,7 +305,7 @@ static struct tc_wb_req *tc_wb_gather(struct tc_cache *c)
 	    !xa_find(&c->index, &idx, c->nr_blocks - 1, TC_DIRTY))
 		return NULL;
 	fl->cursor = idx + 1;
-	req = kvzalloc(struct_size(req, blks, lim.max_blocks), GFP_NOIO);
+	req = tc_wb_scratch(c, max_t(u32, lim.max_blocks, 1));
 	if (!req) {
 		fl->pass_skipped = true;
 		return ERR_PTR(-EAGAIN);
@@ -221,12 +318,17 @@ static struct tc_wb_req *tc_wb_gather(struct tc_cache *c)
 		if (k == TC_BLK_HOLE)
 			tc_gather_give_back(&g, idx);
 		else
-			fl->pass_skipped = true;
-		kvfree(req);
+			tc_wb_skipped(c, idx);
 		return ERR_PTR(-EAGAIN);
 	}
 	req->nr = tc_plan_extend(&tc_gather_ops, &g, idx, &lim);
 	fl->cursor = idx + req->nr;
+	req = tc_wb_own(c, req);
+	if (!req) {
+		fl->cursor = idx;
+		fl->pass_skipped = true;
+		return ERR_PTR(-EAGAIN);
+	}
 	return req;
 }
 
@@ -253,8 +355,13 @@ static void tc_wb_endio(struct bio *bio)
 {
 	struct tc_wb_req *req = bio->bi_private;
 
-	if (bio->bi_status)
-		req->status = bio->bi_status;
+	if (bio->bi_status) {
+		if (bio_op(bio) == REQ_OP_READ &&
+		    bio->bi_bdev == req->c->origin_bdev)
+			req->hole_status = bio->bi_status;
+		else
+			req->status = bio->bi_status;
+	}
 	bio_put(bio);
 	tc_wb_put(req);
 }
@@ -403,6 +510,38 @@ static void tc_wb_write(struct tc_cache *c, struct tc_wb_req *req)
 	tc_wb_put(req);
 }
 
+/*
+ * The origin could not be read under a hole: the bridge is off.  The holes
+ * let go, and each run of dirty blocks is written on its own.
+ */
+static void tc_wb_write_runs(struct tc_cache *c, struct tc_wb_req *req)
+{
+	size_t bb = tc_block_bytes(c);
+	u32 i = 0, j;
+
+	DMERR_LIMIT("%s: origin read error under a bridged hole at block %llu: writing the dirty runs alone",
+		    c->name, req->first);
+	tc_wb_unlock(c, req, true);
+	tc_wb_unlock(c, req, false);
+	req->stage = TC_WB_WRITE;
+	atomic_set(&req->pending, 1);
+	atomic64_add(req->nr_dirty, &c->stats.wb_blocks);
+	while (i < req->nr) {
+		if (!req->blks[i].dirty) {
+			i++;
+			continue;
+		}
+		for (j = i; j < req->nr && req->blks[j].dirty; j++)
+			;
+		atomic64_add(((j - i) * bb) >> SECTOR_SHIFT,
+			     &c->stats.wb_sectors);
+		tc_wb_submit(req, i * bb, (j - i) * bb, c->origin_bdev,
+			     (req->first + i) << c->block_shift, REQ_OP_WRITE);
+		i = j;
+	}
+	tc_wb_put(req);
+}
+
 /* ---- stage 3: origin flush, then clean ---- */
 
 /*
@@ -442,8 +581,11 @@ static void tc_wb_release(struct tc_cache *c, struct tc_wb_req *req,
 	if (wq_has_sleeper(&c->locks.wait))
 		wake_up(&c->locks.wait);
 	tc_wb_free(req);
-	if (atomic_dec_and_test(&fl->outstanding))
+	if (atomic_dec_and_test(&fl->outstanding)) {
 		wake_up_all(&fl->wait);
+		if (test_bit(TC_FL_PASS_END, &fl->bits))
+			queue_work(c->wq, &fl->work);
+	}
 }
 
 static void tc_wb_flush_endio(struct bio *bio)
@@ -494,6 +636,22 @@ static void tc_wb_batch_done(struct tc_cache *c, struct tc_wb_batch *batch)
 	tc_meta_kick(c);
 }
 
+/*
+ * Written requests wait in done for one origin flush: send it when nothing
+ * else is in flight, or when flush_depth of them wait.  Called whenever a
+ * request leaves the flight, written or not: a request that fails at its
+ * read stage must not leave the written ones waiting for ever.
+ */
+static void tc_wb_maybe_flush(struct tc_cache *c)
+{
+	struct tc_flush *fl = &c->fl;
+
+	if (fl->nr_done &&
+	    (!atomic_read(&fl->inflight) ||
+	     fl->nr_done >= READ_ONCE(c->val[TC_KEY_FLUSH_DEPTH])))
+		tc_wb_send_flush(c);
+}
+
 static void tc_wb_write_done(struct tc_cache *c, struct tc_wb_req *req)
 {
 	struct tc_flush *fl = &c->fl;
@@ -509,10 +667,7 @@ static void tc_wb_write_done(struct tc_cache *c, struct tc_wb_req *req)
 		list_add_tail(&req->list, &fl->done);
 		fl->nr_done++;
 	}
-	if (fl->nr_done &&
-	    (!atomic_read(&fl->inflight) ||
-	     fl->nr_done >= READ_ONCE(c->val[TC_KEY_FLUSH_DEPTH])))
-		tc_wb_send_flush(c);
+	tc_wb_maybe_flush(c);
 	queue_work(c->wq, &fl->work);
 }
 
@@ -523,7 +678,12 @@ static void tc_wb_stage_done(struct tc_cache *c, struct tc_wb_req *req)
 		return;
 	}
 	if (!req->status && req->stage == TC_WB_SPAN) {
+		/* the cached blocks are read even if the span failed */
 		tc_wb_read(c, req, true);
+		return;
+	}
+	if (!req->status && req->hole_status) {
+		tc_wb_write_runs(c, req);
 		return;
 	}
 	if (!req->status) {
@@ -537,6 +697,7 @@ static void tc_wb_stage_done(struct tc_cache *c, struct tc_wb_req *req)
 	else
 		c->fl.pass_skipped = true;
 	tc_wb_release(c, req, false);
+	tc_wb_maybe_flush(c);
 	queue_work(c->wq, &c->fl.work);
 }
 
@@ -599,12 +760,34 @@ static void tc_wb_start(struct tc_cache *c, struct tc_wb_req *req)
 	tc_wb_begin_read(c, req);
 }
 
+/* An error: background writeback rests, then tries again. */
+static void tc_wb_pause(struct tc_cache *c)
+{
+	struct tc_flush *fl = &c->fl;
+	unsigned int ms = fl->backoff_ms ?: TC_WB_BACKOFF_MIN_MS;
+
+	set_bit(TC_FL_PAUSED, &fl->bits);
+	fl->backoff_ms = min(ms * 2, (unsigned int)TC_WB_BACKOFF_MAX_MS);
+	mod_delayed_work(c->wq, &fl->retry_work, msecs_to_jiffies(ms));
+}
+
+static void tc_wb_retry_work(struct work_struct *w)
+{
+	struct tc_flush *fl = container_of(to_delayed_work(w), struct tc_flush,
+					   retry_work);
+	struct tc_cache *c = container_of(fl, struct tc_cache, fl);
+
+	clear_bit(TC_FL_PAUSED, &fl->bits);
+	tc_flush_kick(c);
+}
+
 static void tc_wb_begin_full(struct tc_cache *c)
 {
 	struct tc_flush *fl = &c->fl;
 
 	set_bit(TC_FL_FULL, &fl->bits);
 	clear_bit(TC_FL_PAUSED, &fl->bits);
+	fl->full_seq = atomic64_read(&c->write_seq);
 	fl->error = 0;
 	fl->cursor = 0;
 	fl->pass_skipped = false;
@@ -619,7 +802,7 @@ static void tc_wb_end_full(struct tc_cache *c, bool ok)
 	if (ok)
 		fl->flushes++;
 	else
-		set_bit(TC_FL_PAUSED, &fl->bits);
+		tc_wb_pause(c);
 	clear_bit(TC_FL_FULL, &fl->bits);
 	wake_up_all(&fl->wait);
 	tc_flush_event(c);
@@ -635,7 +818,6 @@ static bool tc_wb_end_pass(struct tc_cache *c)
 	bool skipped, issued;
 	int err;
 
-	wait_event_idle(fl->wait, !atomic_read(&fl->outstanding));
 	skipped = fl->pass_skipped;
 	issued = fl->pass_issued;
 	err = fl->pass_error;
@@ -648,7 +830,9 @@ static bool tc_wb_end_pass(struct tc_cache *c)
 		if (err || !skipped)
 			tc_wb_end_full(c, !err);
 	} else if (err) {
-		set_bit(TC_FL_PAUSED, &fl->bits);
+		tc_wb_pause(c);
+	} else if (issued) {
+		fl->backoff_ms = 0;
 	}
 	if (test_bit(TC_FL_BACKGROUND, &fl->bits) &&
 	    (u64)atomic_read(&c->nr_dirty) * 100 <=
@@ -683,6 +867,12 @@ static void tc_flush_work(struct work_struct *w)
 			continue;
 		}
 		if (!req) {
+			/* the pass is over once its requests are released */
+			set_bit(TC_FL_PASS_END, &fl->bits);
+			smp_mb__after_atomic();	/* pairs with tc_wb_release() */
+			if (atomic_read(&fl->outstanding))
+				return;	/* the last release requeues us */
+			clear_bit(TC_FL_PASS_END, &fl->bits);
 			if (!tc_wb_end_pass(c))
 				break;
 			continue;
@@ -714,7 +904,15 @@ void tc_flush_init(struct tc_cache *c)
 	atomic_set(&fl->outstanding, 0);
 	init_waitqueue_head(&fl->wait);
 	tc_pool_init(&fl->pool);
+	INIT_DELAYED_WORK(&fl->retry_work, tc_wb_retry_work);
 	fl->bits = BIT(TC_FL_STOPPED);
+}
+
+void tc_flush_exit(struct tc_cache *c)
+{
+	kvfree(c->fl.scratch);
+	c->fl.scratch = NULL;
+	c->fl.scratch_blocks = 0;
 }
 
 void tc_flush_kick(struct tc_cache *c)
@@ -752,13 +950,40 @@ void tc_flush_stop(struct tc_cache *c)
 	cancel_work_sync(&fl->work);
 	wait_event_idle(fl->wait, !atomic_read(&fl->outstanding));
 	flush_work(&fl->done_work);
+	cancel_work_sync(&fl->work);	/* queued by the last release */
+	/* only the engine pauses: after it, the retry timer stays off */
+	cancel_delayed_work_sync(&fl->retry_work);
+	clear_bit(TC_FL_PASS_END, &fl->bits);
 	tc_pool_stop(&fl->pool);
 }
 
 void tc_flush_resume(struct tc_cache *c)
 {
+	if (READ_ONCE(c->read_only))
+		return;		/* a read-only table writes nothing back */
 	clear_bit(TC_FL_STOPPED, &c->fl.bits);
+	if (test_bit(TC_FL_PAUSED, &c->fl.bits))
+		mod_delayed_work(c->wq, &c->fl.retry_work, 0);
 	tc_flush_kick(c);
+}
+
+/*
+ * Write every dirty block back while the device is suspended (a resume
+ * that needs a clean cache): the engine runs for this flush only.
+ * Returns 0 once nothing is dirty, else the error that stopped it.
+ */
+int tc_flush_drain(struct tc_cache *c)
+{
+	int r = 0;
+
+	if (!atomic_read(&c->nr_dirty))
+		return 0;
+	clear_bit(TC_FL_STOPPED, &c->fl.bits);
+	r = tc_flush_sync(c);
+	tc_flush_stop(c);
+	if (!r && atomic_read(&c->nr_dirty))
+		r = -EBUSY;
+	return r;
 }
 
 /* A full flush, waited for.  Returns 0 or the error that ended it. */

@@ -10,6 +10,7 @@
  */
 #include <linux/slab.h>
 #include <linux/mm.h>
+#include <linux/highmem.h>
 
 #include "tiercache.h"
 
@@ -108,4 +109,29 @@ struct bio *tc_buf_bio(struct tc_cache *c, struct tc_buf *b, size_t off,
 	}
 	*len = done;
 	return bio;
+}
+
+/* Copy the start of @b into the data pages of @bio. */
+void tc_buf_copy_to_bio(struct tc_buf *b, struct bio *bio)
+{
+	struct bvec_iter iter;
+	struct bio_vec bv;
+	size_t off = 0;
+
+	bio_for_each_segment(bv, bio, iter) {
+		unsigned int done = 0;
+
+		while (done < bv.bv_len) {
+			size_t pos = off + done;
+			unsigned int in = pos % b->chunk_bytes;
+			unsigned int piece = min_t(size_t, bv.bv_len - done,
+						   b->chunk_bytes - in);
+			void *src = page_address(b->chunks[pos / b->chunk_bytes]);
+
+			memcpy_to_page(bv.bv_page, bv.bv_offset + done,
+				       (u8 *)src + in, piece);
+			done += piece;
+		}
+		off += bv.bv_len;
+	}
 }

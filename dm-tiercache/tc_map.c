@@ -8,6 +8,12 @@
  * dispatcher carries out.  Bios that need more than a remap (writes to
  * both devices, promotions) continue in process context in tc_io_work(),
  * still holding the lock; the lock is dropped in tc_end_io().
+ *
+ * When the cache device fails a bio that has a good copy elsewhere (a read
+ * of a clean block, a write to a fresh or clean slot), tc_end_io() takes
+ * it back (DM_ENDIO_INCOMPLETE) and tc_io_work() sends it, as it was
+ * mapped, to the origin; the slot is dropped first.  The bio completes
+ * once, when the origin is done with it.
  */
 #include "tiercache.h"
 
@@ -45,7 +51,7 @@ void tc_queue_io(struct tc_cache *c, struct bio *bio)
 	queue_work(c->wq, &c->io_work);
 }
 
-/* Lock-table callback: bios whose bucket was released try again. */
+/* Lock-table callback: bios granted their block, or to try again. */
 void tc_requeue(void *ctx, struct bio_list *bios)
 {
 	struct tc_cache *c = ctx;
@@ -55,6 +61,14 @@ void tc_requeue(void *ctx, struct bio_list *bios)
 	bio_list_merge(&c->deferred, bios);
 	spin_unlock_irqrestore(&c->defer_lock, flags);
 	queue_work(c->wq, &c->io_work);
+}
+
+/* Lock-table callback: the lock holder of a parked bio. */
+struct tc_holder *tc_holder_of(struct bio *bio)
+{
+	struct tc_bio *pb = dm_per_bio_data(bio, sizeof(struct tc_bio));
+
+	return &pb->holder;
 }
 
 static enum tc_action tc_read(struct tc_cache *c, struct bio *bio,
@@ -74,8 +88,8 @@ static enum tc_action tc_read(struct tc_cache *c, struct bio *bio,
 	}
 	atomic64_inc(&c->stats.read_misses);
 	/* promotion fills a slot: only under an exclusive lock */
-	if (pb->holder.mode == TC_LK_EXCL && tc_whole_block(c, bio) &&
-	    !tc_alloc_slot(c, block, &pb->slot)) {
+	if (pb->holder.mode == TC_LK_EXCL && !READ_ONCE(c->read_only) &&
+	    tc_whole_block(c, bio) && !tc_alloc_slot(c, block, &pb->slot)) {
 		pb->stage = TC_ST_PROMOTE;
 		return TC_CONTINUE;
 	}
@@ -84,7 +98,8 @@ static enum tc_action tc_read(struct tc_cache *c, struct bio *bio,
 
 static bool tc_writes_dirty(struct tc_cache *c)
 {
-	return c->mode == TC_MODE_WRITEBACK && !READ_ONCE(c->cleaner);
+	return c->mode == TC_MODE_WRITEBACK && !READ_ONCE(c->cleaner) &&
+	       !atomic_read(&c->no_dirty);
 }
 
 /* A full-block write miss in writeback mode: give it a fresh dirty slot. */
@@ -113,6 +128,27 @@ static enum tc_action tc_write_cache(struct tc_cache *c, struct bio *bio,
 	return TC_TO_CACHE;
 }
 
+/*
+ * A write hit while writes do not make blocks dirty (writethrough, cleaner):
+ * it goes to the cache and the origin.  A dirty block stays dirty with a new
+ * sequence, so a writeback request that read its older data cannot mark it
+ * clean; if that request is still writing, the new data goes to the cache
+ * only (two writes of one block in flight to the origin may land in any
+ * order) and writeback carries it later.
+ */
+static enum tc_action tc_write_through(struct tc_cache *c, struct bio *bio,
+				       struct tc_bio *pb, u64 block,
+				       struct tc_entry *e)
+{
+	if (tc_is_dirty(c, block)) {
+		tc_mark_dirty(c, e);
+		if (test_bit(TC_E_WB, &e->flags))
+			return tc_write_cache(c, bio, pb);
+	}
+	pb->stage = TC_ST_BOTH;
+	return TC_CONTINUE;
+}
+
 static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 			       struct tc_bio *pb, u64 block)
 {
@@ -129,10 +165,9 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 		atomic64_inc(&c->stats.write_hits);
 		set_bit(TC_E_REF, &e->flags);
 		pb->slot = tc_slot_of(c, e);
-		if (!tc_writes_dirty(c)) {
-			pb->stage = TC_ST_BOTH;
-			return TC_CONTINUE;
-		}
+		if (!tc_writes_dirty(c))
+			return tc_write_through(c, bio, pb, block, e);
+		pb->was_clean = !tc_is_dirty(c, block);
 		tc_mark_dirty(c, e);
 		return tc_write_cache(c, bio, pb);
 	}
@@ -170,9 +205,12 @@ static int tc_map_rw(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 		bio_set_dev(bio, c->origin_bdev);
 		return DM_MAPIO_REMAPPED;
 	}
-	if (!tc_lock_or_defer(&c->locks, &pb->holder, block,
+	/* a parked bio comes back holding the lock it was granted */
+	if (!pb->holder.granted &&
+	    !tc_lock_or_defer(&c->locks, &pb->holder, block,
 			      tc_bio_lock_mode(c, bio, block), bio))
 		return DM_MAPIO_SUBMITTED;
+	pb->holder.granted = false;
 	pb->locked = true;
 	pb->block = block;
 
@@ -183,6 +221,7 @@ static int tc_map_rw(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 
 	switch (act) {
 	case TC_TO_CACHE:
+		pb->to_cache = true;
 		tc_remap_cache(c, bio, pb->slot);
 		return DM_MAPIO_REMAPPED;
 	case TC_TO_ORIGIN:
@@ -216,7 +255,7 @@ static void tc_queue_discard(struct tc_cache *c, struct bio *bio)
 	spin_lock_irqsave(&c->defer_lock, flags);
 	bio_list_add(&c->discards, bio);
 	spin_unlock_irqrestore(&c->defer_lock, flags);
-	queue_work(c->wq, &c->discard_work);
+	queue_work(c->discard_wq, &c->discard_work);
 }
 
 int tc_map(struct dm_target *ti, struct bio *bio)
@@ -227,15 +266,21 @@ int tc_map(struct dm_target *ti, struct bio *bio)
 
 	pb->c = c;
 	pb->locked = false;
+	pb->to_cache = false;
+	pb->was_clean = false;
+	pb->discard = false;
 	pb->meta_new = false;
+	pb->holder.granted = false;
 	pb->stage = TC_ST_NEW;
 	pb->status = BLK_STS_OK;
 	pb->cache_status = BLK_STS_OK;
+	pb->buf.chunks = NULL;
 
 	if (bio->bi_opf & REQ_PREFLUSH)
 		return tc_map_flush(c, bio);
 
 	bio->bi_iter.bi_sector = dm_target_offset(ti, bio->bi_iter.bi_sector);
+	pb->iter = bio->bi_iter;
 	if (bio_op(bio) == REQ_OP_DISCARD) {
 		tc_queue_discard(c, bio);
 		return DM_MAPIO_SUBMITTED;
@@ -253,66 +298,79 @@ static void tc_record_new(struct tc_bio *pb)
 }
 
 /*
- * A write to a freshly allocated dirty slot failed: the slot holds no copy
- * of the block, so its entry must go, or a later read or writeback would
- * take whatever the slot holds.  The index is not touched in interrupt
- * context: the bio goes to tc_io_work() with its block still locked, and
- * is ended there a second time (dm calls tc_end_io() again).
+ * The cache device failed a bio that has a good copy elsewhere: a read of
+ * a clean block (the origin holds it), a write to a fresh slot or to a
+ * clean copy (the write can go around the cache).  Take it back: it goes
+ * to the origin from tc_io_work().
  */
-static bool tc_new_failed(struct tc_bio *pb, struct bio *bio,
-			  blk_status_t error)
+static bool tc_cache_failed(struct tc_bio *pb, struct bio *bio,
+			    blk_status_t error)
 {
-	if (!pb->meta_new || !error)
+	if (!error || !pb->to_cache)
 		return false;
-	pb->stage = TC_ST_NEW_FAILED;
-	pb->status = error;
+	if (bio_data_dir(bio) == READ) {
+		if (tc_is_dirty(pb->c, pb->block))
+			return false;	/* the only copy: the error stands */
+	} else if (!pb->meta_new && !pb->was_clean) {
+		return false;
+	}
+	pb->stage = TC_ST_TO_ORIGIN;
 	tc_queue_io(pb->c, bio);
 	return true;
-}
-
-/* End a failed write; a fresh slot it was given is dropped first. */
-static void tc_end_failed(struct tc_cache *c, struct bio *bio,
-			  struct tc_bio *pb, blk_status_t status)
-{
-	struct tc_entry *e;
-
-	if (pb->meta_new) {
-		pb->meta_new = false;
-		e = tc_lookup(c, pb->block);
-		if (e && tc_slot_of(c, e) == pb->slot)
-			tc_remove(c, e);
-	}
-	bio->bi_status = status;
-	bio_endio(bio);
 }
 
 int tc_end_io(struct dm_target *ti, struct bio *bio, blk_status_t *error)
 {
 	struct tc_bio *pb = dm_per_bio_data(bio, sizeof(struct tc_bio));
 
-	if (tc_new_failed(pb, bio, *error))
+	if (tc_cache_failed(pb, bio, *error))
 		return DM_ENDIO_INCOMPLETE;
 	tc_record_new(pb);
 	if (pb->locked) {
 		pb->locked = false;
 		tc_unlock(&pb->c->locks, &pb->holder);
 	}
+	if (pb->discard) {
+		pb->discard = false;
+		tc_range_unlock(&pb->c->locks, &pb->range);
+	}
 	return DM_ENDIO_DONE;
 }
 
 /* ---- bios continued in process context ---- */
 
-static void tc_clone_ended(struct bio *clone, bool to_cache)
+/* Drop the slot of a write that goes around the cache after all. */
+static void tc_drop_slot(struct tc_cache *c, struct tc_bio *pb)
 {
-	struct tc_bio *pb = clone->bi_private;
+	struct tc_entry *e;
 
-	if (clone->bi_status) {
-		if (to_cache)
-			pb->cache_status = clone->bi_status;
-		else
-			pb->status = clone->bi_status;
-	}
-	bio_put(clone);
+	if (!pb->meta_new && !pb->was_clean)
+		return;
+	pb->meta_new = false;
+	pb->was_clean = false;
+	e = tc_lookup(c, pb->block);
+	if (e && tc_slot_of(c, e) == pb->slot)
+		tc_remove(c, e);
+	atomic64_inc(&c->stats.write_bypass);
+}
+
+/* Send @bio, as it was mapped, to the origin (still holding its lock). */
+static void tc_to_origin(struct tc_cache *c, struct bio *bio,
+			 struct tc_bio *pb)
+{
+	if (bio_data_dir(bio) == WRITE)
+		tc_drop_slot(c, pb);
+	DMERR_LIMIT("%s: cache device error on block %llu: using the origin",
+		    c->name, pb->block);
+	pb->to_cache = false;
+	bio->bi_iter = pb->iter;
+	bio->bi_status = BLK_STS_OK;
+	bio_set_dev(bio, c->origin_bdev);
+	submit_bio_noacct(bio);
+}
+
+static void tc_pb_put(struct tc_bio *pb)
+{
 	if (!atomic_dec_and_test(&pb->pending))
 		return;
 	switch (pb->stage) {
@@ -333,6 +391,20 @@ static void tc_clone_ended(struct bio *clone, bool to_cache)
 	tc_queue_io(pb->c, tc_bio_of(pb));
 }
 
+static void tc_clone_ended(struct bio *clone, bool to_cache)
+{
+	struct tc_bio *pb = clone->bi_private;
+
+	if (clone->bi_status) {
+		if (to_cache)
+			pb->cache_status = clone->bi_status;
+		else
+			pb->status = clone->bi_status;
+	}
+	bio_put(clone);
+	tc_pb_put(pb);
+}
+
 static void tc_cache_clone_endio(struct bio *clone)
 {
 	tc_clone_ended(clone, true);
@@ -341,6 +413,15 @@ static void tc_cache_clone_endio(struct bio *clone)
 static void tc_origin_clone_endio(struct bio *clone)
 {
 	tc_clone_ended(clone, false);
+}
+
+static void tc_submit_child(struct tc_cache *c, struct tc_bio *pb,
+			    struct bio *clone, struct block_device *bdev)
+{
+	clone->bi_private = pb;
+	clone->bi_end_io = bdev == c->cache_bdev ? tc_cache_clone_endio :
+						   tc_origin_clone_endio;
+	submit_bio_noacct(clone);
 }
 
 /* A clone of @bio over the same pages, to @bdev at @sector. */
@@ -352,10 +433,56 @@ static void tc_submit_clone(struct tc_cache *c, struct bio *bio,
 
 	clone->bi_opf = opf;
 	clone->bi_iter.bi_sector = sector;
-	clone->bi_private = dm_per_bio_data(bio, sizeof(struct tc_bio));
-	clone->bi_end_io = bdev == c->cache_bdev ? tc_cache_clone_endio :
-						   tc_origin_clone_endio;
-	submit_bio_noacct(clone);
+	tc_submit_child(c, dm_per_bio_data(bio, sizeof(struct tc_bio)), clone,
+			bdev);
+}
+
+/* The promotion buffer (one block) to or from @bdev at @sector. */
+static void tc_submit_buf(struct tc_cache *c, struct tc_bio *pb,
+			  struct block_device *bdev, sector_t sector,
+			  blk_opf_t opf)
+{
+	size_t off = 0, bytes = tc_block_bytes(c);
+
+	atomic_set(&pb->pending, 1);
+	while (off < bytes) {
+		size_t len = bytes - off;
+		struct bio *b = tc_buf_bio(c, &pb->buf, off, &len, bdev,
+					   sector + (off >> SECTOR_SHIFT), opf);
+
+		atomic_inc(&pb->pending);
+		tc_submit_child(c, pb, b, bdev);
+		off += len;
+	}
+	tc_pb_put(pb);
+}
+
+/*
+ * A read miss fills a slot: the origin is read into a buffer of the
+ * target's own, copied to the reader, and the slot is written from the
+ * buffer, never from the reader's pages (which the reader may change
+ * meanwhile: an O_DIRECT reader, a VM guest).
+ */
+static void tc_promote_read(struct tc_cache *c, struct bio *bio,
+			    struct tc_bio *pb)
+{
+	if (tc_buf_alloc(NULL, &pb->buf, tc_block_bytes(c))) {
+		/* no memory: an ordinary read, and no promotion */
+		tc_free_slot(c, pb->slot);
+		bio_set_dev(bio, c->origin_bdev);
+		dm_submit_bio_remap(bio, NULL);
+		return;
+	}
+	tc_submit_buf(c, pb, c->origin_bdev, bio->bi_iter.bi_sector,
+		      REQ_OP_READ);
+}
+
+static void tc_promote_write(struct tc_cache *c, struct bio *bio,
+			     struct tc_bio *pb)
+{
+	tc_buf_copy_to_bio(&pb->buf, bio);
+	tc_submit_buf(c, pb, c->cache_bdev, tc_slot_sector(c, pb->slot),
+		      REQ_OP_WRITE);
 }
 
 /* Writethrough (or cleaner) write hit: the origin and the cached copy. */
@@ -370,20 +497,22 @@ static void tc_issue_both(struct tc_cache *c, struct bio *bio,
 			tc_cache_sector(c, pb->slot, sector), bio->bi_opf);
 }
 
+/*
+ * A clean copy must equal the origin: if either write failed it is
+ * dropped.  A dirty block stays dirty (its cache copy is the newest data);
+ * a failure of its cache write is the bio's error.
+ */
 static void tc_both_done(struct tc_cache *c, struct bio *bio,
 			 struct tc_bio *pb)
 {
 	u64 block = bio->bi_iter.bi_sector >> c->block_shift;
 	struct tc_entry *e = tc_lookup(c, block);
+	bool dirty = tc_is_dirty(c, block);
 
-	if (pb->cache_status && e) {
-		if (tc_is_dirty(c, block)) {
-			/* the only newer copy is damaged: say so */
-			pb->status = pb->cache_status;
-		} else {
-			tc_remove(c, e);
-		}
-	}
+	if (e && !dirty && (pb->status || pb->cache_status))
+		tc_remove(c, e);
+	if (dirty && pb->cache_status)
+		pb->status = pb->cache_status;
 	bio->bi_status = pb->status;
 	bio_endio(bio);
 }
@@ -393,6 +522,7 @@ static void tc_promote_done(struct tc_cache *c, struct bio *bio,
 {
 	u64 block = bio->bi_iter.bi_sector >> c->block_shift;
 
+	tc_buf_free(NULL, &pb->buf);
 	if (pb->status || pb->cache_status ||
 	    tc_insert(c, pb->slot, block, false, GFP_NOIO))
 		tc_free_slot(c, pb->slot);
@@ -407,7 +537,16 @@ static void tc_fua_done(struct tc_cache *c, struct bio *bio,
 			struct tc_bio *pb)
 {
 	if (pb->cache_status) {
-		tc_end_failed(c, bio, pb, pb->cache_status);
+		if (pb->meta_new || pb->was_clean) {
+			/* not submitted itself: its iterator is intact */
+			pb->to_cache = false;
+			tc_drop_slot(c, pb);
+			bio_set_dev(bio, c->origin_bdev);
+			dm_submit_bio_remap(bio, NULL);
+			return;
+		}
+		bio->bi_status = pb->cache_status;
+		bio_endio(bio);
 		return;
 	}
 	tc_record_new(pb);
@@ -436,14 +575,10 @@ static void tc_process(struct tc_cache *c, struct bio *bio)
 		tc_both_done(c, bio, pb);
 		break;
 	case TC_ST_PROMOTE:
-		atomic_set(&pb->pending, 1);
-		tc_submit_clone(c, bio, c->origin_bdev, bio->bi_iter.bi_sector,
-				REQ_OP_READ);
+		tc_promote_read(c, bio, pb);
 		break;
 	case TC_ST_PROMOTE_WRITE:
-		atomic_set(&pb->pending, 1);
-		tc_submit_clone(c, bio, c->cache_bdev,
-				tc_slot_sector(c, pb->slot), REQ_OP_WRITE);
+		tc_promote_write(c, bio, pb);
 		break;
 	case TC_ST_PROMOTE_DONE:
 		tc_promote_done(c, bio, pb);
@@ -458,8 +593,8 @@ static void tc_process(struct tc_cache *c, struct bio *bio)
 	case TC_ST_FUA_DONE:
 		tc_fua_done(c, bio, pb);
 		break;
-	case TC_ST_NEW_FAILED:
-		tc_end_failed(c, bio, pb, pb->status);
+	case TC_ST_TO_ORIGIN:
+		tc_to_origin(c, bio, pb);
 		break;
 	}
 }
@@ -487,46 +622,53 @@ void tc_io_work(struct work_struct *w)
 	}
 }
 
-/*
- * Drop the cached copy of @block.  A block in a writeback request waits for
- * it: once dropped, a write around the cache must not be overtaken by the
- * request's older copy.
- */
-static void tc_discard_block(struct tc_cache *c, u64 block)
-{
-	struct tc_holder h;
-	struct tc_entry *e;
+/* ---- discards ---- */
 
-	for (;;) {
-		tc_lock_wait(&c->locks, &h, block);
-		e = tc_lookup(c, block);
-		if (!e || !test_bit(TC_E_WB, &e->flags))
-			break;
-		tc_unlock(&c->locks, &h);
-		wait_event_idle(c->locks.wait, !test_bit(TC_E_WB, &e->flags));
-	}
-	if (e)
+/*
+ * Drop every cached copy in [first, end), which the caller holds as a
+ * range (no other holder is inside).  A block in a writeback request is
+ * waited for: once dropped, a write around the cache must not be
+ * overtaken by the request's older copy.  Returns true if a dropped slot
+ * may be dirty on disk: a commit must record it before the discard ends,
+ * or a crash would bring the old data back over anything written later.
+ */
+static bool tc_discard_range(struct tc_cache *c, u64 first, u64 end)
+{
+	struct tc_entry *e;
+	unsigned long idx;
+	bool commit = false;
+
+	xa_for_each_range(&c->index, idx, e, first, end - 1) {
+		wait_event_idle(c->locks.wait,
+				!test_bit(TC_E_WB, &e->flags));
+		commit |= tc_meta_disk_dirty(c, tc_slot_of(c, e));
 		tc_remove(c, e);
-	tc_unlock(&c->locks, &h);
+		cond_resched();
+	}
+	return commit;
 }
 
-/* Drop every cached copy wholly inside the discard, then pass it down. */
+/*
+ * Hold the blocks wholly inside the discard, drop their cached copies,
+ * commit if that is needed, then pass the discard down.  The range is held
+ * until the origin has discarded (tc_end_io()), so no promotion or bridge
+ * filler brings the old data back.
+ */
 static void tc_discard(struct tc_cache *c, struct bio *bio)
 {
+	struct tc_bio *pb = dm_per_bio_data(bio, sizeof(struct tc_bio));
 	sector_t start = bio->bi_iter.bi_sector;
 	u64 first = (start + c->block_sectors - 1) >> c->block_shift;
 	u64 end = min_t(u64, bio_end_sector(bio) >> c->block_shift,
 			c->nr_blocks);
-	struct tc_entry *e;
-	unsigned long idx;
 
 	if (first < end) {
-		xa_for_each_range(&c->index, idx, e, first, end - 1) {
-			tc_discard_block(c, idx);
-			cond_resched();
+		tc_range_lock(&c->locks, &pb->range, first, end);
+		pb->discard = true;
+		if (tc_discard_range(c, first, end) && tc_meta_commit(c)) {
+			bio_io_error(bio);
+			return;
 		}
-		/* slots dirty on disk are free once a commit records them */
-		tc_meta_kick(c);
 	}
 	if (bdev_max_discard_sectors(c->origin_bdev)) {
 		bio_set_dev(bio, c->origin_bdev);

@@ -20,6 +20,18 @@
  *
  * A slot that may be dirty on disk (disk_dirty) is not reused until a
  * commit has recorded it otherwise: freeing it parks it in pending_free.
+ *
+ * The snapshot copies one changed block at a time under the lock (bio
+ * completions change the image, so it is taken with interrupts off, for one
+ * 4 KiB copy at most).  The open sequence moves on before the first copy:
+ * a change made while the snapshot is taken carries the next sequence, so
+ * if its block is copied into this commit, a load after a crash before the
+ * next commit ignores it as uncommitted.  Changes of an entry never turn a
+ * committed dirty entry into one whose loss loses data (see tc_meta_set()).
+ *
+ * Nothing is written while the device is suspended (the timer is off; a
+ * commit with nothing to do does not even flush the cache device) or while
+ * the table is read-only.
  */
 #include <linux/vmalloc.h>
 #include <linux/slab.h>
@@ -51,7 +63,8 @@ static void tc_meta_changed(struct tc_cache *c, u32 slot)
 	struct tc_meta *m = &c->meta;
 
 	__set_bit(slot / TC_ENTRIES_PER_MBLOCK, m->changed);
-	if (!delayed_work_pending(&m->timer_work))
+	m->any_changed = true;
+	if (!m->suspended && !delayed_work_pending(&m->timer_work))
 		queue_delayed_work(c->wq, &m->timer_work,
 			msecs_to_jiffies(READ_ONCE(c->val[TC_KEY_COMMIT_MS])));
 }
@@ -142,17 +155,25 @@ static u64 tc_meta_snapshot(struct tc_meta *m, bool *any)
 	u64 mb, seq;
 
 	spin_lock_irq(&m->lock);
-	*any = m->force_sb || !bitmap_empty(m->changed, m->layout.meta_blocks);
+	*any = m->force_sb || m->any_changed;
 	m->force_sb = false;
-	bitmap_copy(m->snap, m->changed, m->layout.meta_blocks);
-	bitmap_zero(m->changed, m->layout.meta_blocks);
-	for_each_set_bit(mb, m->snap, m->layout.meta_blocks)
+	m->any_changed = false;
+	seq = m->open_seq;
+	if (*any) {
+		m->open_seq++;
+		bitmap_copy(m->snap, m->changed, m->layout.meta_blocks);
+		bitmap_zero(m->changed, m->layout.meta_blocks);
+	}
+	spin_unlock_irq(&m->lock);
+	if (!*any)
+		return seq;
+	for_each_set_bit(mb, m->snap, m->layout.meta_blocks) {
+		spin_lock_irq(&m->lock);
 		memcpy(tc_meta_mblock(m->shadow, mb),
 		       tc_meta_mblock(m->image, mb), TC_MBLOCK_BYTES);
-	seq = m->open_seq;
-	if (*any)
-		m->open_seq++;
-	spin_unlock_irq(&m->lock);
+		spin_unlock_irq(&m->lock);
+		cond_resched();
+	}
 	return seq;
 }
 
@@ -161,6 +182,7 @@ static void tc_meta_unsnap(struct tc_meta *m)
 {
 	spin_lock_irq(&m->lock);
 	bitmap_or(m->changed, m->changed, m->snap, m->layout.meta_blocks);
+	m->any_changed = true;
 	spin_unlock_irq(&m->lock);
 }
 
@@ -173,17 +195,23 @@ static int tc_meta_bio(struct tc_cache *c, void *buf, sector_t sector,
 	struct bio *bio;
 	int r;
 
-	bio = bio_alloc(c->cache_bdev, nr, opf, GFP_NOIO);
+	bio = bio_alloc(c->cache_bdev, nr + 1, opf, GFP_NOIO);
 	bio->bi_iter.bi_sector = sector;
-	for (off = 0; off < bytes; off += PAGE_SIZE) {
+	for (off = 0; off < bytes; ) {
 		void *p = (u8 *)buf + off;
 		struct page *pg = is_vmalloc_addr(p) ? vmalloc_to_page(p) :
 						       virt_to_page(p);
+		size_t len = min_t(size_t, PAGE_SIZE - offset_in_page(p),
+				   bytes - off);
 
-		__bio_add_page(bio, pg, min_t(size_t, PAGE_SIZE, bytes - off),
-			       0);
+		__bio_add_page(bio, pg, len, offset_in_page(p));
+		off += len;
 	}
+	if (is_vmalloc_addr(buf) && op_is_write(opf))
+		flush_kernel_vmap_range(buf, bytes);
 	r = submit_bio_wait(bio);
+	if (is_vmalloc_addr(buf) && !op_is_write(opf))
+		invalidate_kernel_vmap_range(buf, bytes);
 	bio_put(bio);
 	return r;
 }
@@ -240,7 +268,7 @@ static int tc_meta_write_sb(struct tc_cache *c, u64 seq)
 
 	memcpy(i.uuid, m->uuid, sizeof(i.uuid));
 	tc_sb_encode(m->sb, &i);
-	return tc_meta_rw(c, m->sb, 0, PAGE_SIZE,
+	return tc_meta_rw(c, m->sb, 0, TC_MBLOCK_BYTES,
 			  REQ_OP_WRITE | REQ_SYNC | REQ_PREFLUSH | REQ_FUA);
 }
 
@@ -298,8 +326,15 @@ int tc_meta_commit(struct tc_cache *c)
 	spin_lock_irq(&m->lock);
 	bios = m->waiting;
 	bio_list_init(&m->waiting);
+	any = m->force_sb || m->any_changed;
 	spin_unlock_irq(&m->lock);
 
+	if (READ_ONCE(m->read_only) || (!any && bio_list_empty(&bios))) {
+		/* read-only: nothing was written; or nothing to do */
+		mutex_unlock(&m->commit_lock);
+		tc_meta_end_bios(&bios, 0);
+		return 0;
+	}
 	r = blkdev_issue_flush(c->cache_bdev);
 	if (!r) {
 		seq = tc_meta_snapshot(m, &any);
@@ -383,6 +418,35 @@ void tc_meta_init(struct tc_cache *c)
 	bio_list_init(&m->waiting);
 	INIT_WORK(&m->commit_work, tc_meta_commit_work);
 	INIT_DELAYED_WORK(&m->timer_work, tc_meta_timer_work);
+	m->suspended = true;	/* until the first resume */
+}
+
+/* The device is suspended: commit what changed, then nothing more. */
+void tc_meta_suspend(struct tc_cache *c)
+{
+	struct tc_meta *m = &c->meta;
+
+	spin_lock_irq(&m->lock);
+	m->suspended = true;
+	spin_unlock_irq(&m->lock);
+	cancel_delayed_work_sync(&m->timer_work);
+	flush_work(&m->commit_work);
+	tc_meta_commit(c);
+}
+
+void tc_meta_resume(struct tc_cache *c)
+{
+	struct tc_meta *m = &c->meta;
+	bool arm;
+
+	spin_lock_irq(&m->lock);
+	m->suspended = false;
+	m->read_only = READ_ONCE(c->read_only);
+	arm = m->any_changed;
+	spin_unlock_irq(&m->lock);
+	if (arm)
+		queue_delayed_work(c->wq, &m->timer_work,
+			msecs_to_jiffies(READ_ONCE(c->val[TC_KEY_COMMIT_MS])));
 }
 
 /* Stop the timer and write what changed: the last table is going. */
@@ -537,8 +601,8 @@ static int tc_meta_check_sb(struct tc_cache *c, const struct tc_sb_info *i,
 	return 0;
 }
 
-static int tc_meta_load(struct tc_cache *c, const struct tc_sb_info *i,
-			char **error)
+static int tc_meta_load(struct tc_cache *c, struct tc_target *t,
+			const struct tc_sb_info *i, char **error)
 {
 	struct tc_meta *m = &c->meta;
 	int r;
@@ -555,6 +619,8 @@ static int tc_meta_load(struct tc_cache *c, const struct tc_sb_info *i,
 	if (!m->uuid[0])
 		memcpy(m->uuid, i->uuid, sizeof(m->uuid));
 	m->force_sb = true;	/* a new sequence before any IO */
+	if (t->read_only)
+		return 0;	/* written when a writable table resumes */
 	r = tc_meta_commit(c);
 	if (r)
 		*error = "Cannot write the cache metadata";
@@ -597,13 +663,33 @@ static int tc_meta_count_dirty(struct tc_cache *c, const struct tc_sb_info *i,
 	return r;
 }
 
-/* "format" over a valid superblock: only if no dirty data would be lost. */
+static bool tc_layout_equal(const struct tc_layout *a,
+			    const struct tc_layout *b)
+{
+	return a->block_sectors == b->block_sectors &&
+	       a->nr_slots == b->nr_slots && a->meta_start == b->meta_start &&
+	       a->meta_blocks == b->meta_blocks &&
+	       a->data_start == b->data_start;
+}
+
+/*
+ * "format" over a valid superblock: only of the same geometry (another one
+ * may describe entries this device no longer has, or a device that grew:
+ * the module does not guess), and only if no dirty data would be lost.
+ */
 static int tc_meta_may_format(struct tc_cache *c, const struct tc_sb_info *i,
 			      char **error)
 {
 	u64 dirty;
 	int r;
 
+	if (!tc_layout_equal(&i->layout, &c->meta.layout)) {
+		*error = "Cache superblock of another geometry: 'format' refused (check it with tiercache check, then wipe it)";
+		DMERR("%s: format refused: the cache was formatted for %llu slots of %u sectors, this table needs %llu of %u",
+		      c->name, i->layout.nr_slots, i->layout.block_sectors,
+		      c->meta.layout.nr_slots, c->block_sectors);
+		return -EBUSY;
+	}
 	r = tc_meta_count_dirty(c, i, &dirty);
 	if (r) {
 		*error = "Cannot read the cache metadata";
@@ -633,11 +719,12 @@ int tc_meta_open(struct tc_cache *c, struct tc_target *t, char **error)
 
 	BUILD_BUG_ON(sizeof(struct tc_disk_sb) != 512);
 	BUILD_BUG_ON(sizeof(struct tc_disk_entry) != 32);
-	BUILD_BUG_ON(TC_MBLOCK_BYTES != PAGE_SIZE);
+	BUILD_BUG_ON(TC_MBLOCK_BYTES > PAGE_SIZE);
 
 	tc_disk_layout(bdev_nr_sectors(c->cache_bdev), c->block_sectors,
 		       &m->layout);
 	m->origin_sectors = c->target_len;
+	m->read_only = t->read_only;
 	if (dm_copy_name_and_uuid(md, name, m->uuid))
 		m->uuid[0] = 0;
 	r = tc_meta_alloc(m);
@@ -645,12 +732,16 @@ int tc_meta_open(struct tc_cache *c, struct tc_target *t, char **error)
 		*error = "Cannot allocate the metadata image";
 		return r;
 	}
-	r = tc_meta_rw(c, m->sb, 0, PAGE_SIZE, REQ_OP_READ);
+	r = tc_meta_rw(c, m->sb, 0, TC_MBLOCK_BYTES, REQ_OP_READ);
 	if (r) {
 		*error = "Cannot read the cache superblock";
 		return r;
 	}
 	res = tc_sb_decode(m->sb, &i);
+	if (t->args.format && t->read_only) {
+		*error = "A read-only table cannot format the cache device";
+		return -EROFS;
+	}
 	if (res == TC_SB_OK && t->args.format)
 		r = tc_meta_may_format(c, &i, error);
 	if (res == TC_SB_BAD_VERSION && t->args.format) {
@@ -661,7 +752,7 @@ int tc_meta_open(struct tc_cache *c, struct tc_target *t, char **error)
 	if (r)
 		return r;
 	if (res == TC_SB_OK && !t->args.format)
-		return tc_meta_load(c, &i, error);
+		return tc_meta_load(c, t, &i, error);
 	if (t->args.format)
 		return tc_meta_format(c, error);
 	if (res == TC_SB_BLANK)

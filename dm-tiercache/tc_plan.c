@@ -51,6 +51,7 @@ u32 tc_plan_extend(const struct tc_plan_ops *ops, void *ctx, u64 first,
 {
 	u64 next = first + 1;
 	u32 nr = 1;
+
 	while (nr < lim->max_blocks && next < lim->end) {
 		u64 to = next + lim->gap_blocks;
 		u64 nd;

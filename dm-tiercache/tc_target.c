@@ -17,6 +17,7 @@ static void tc_dtr(struct dm_target *ti)
 
 	if (!t)
 		return;
+	tc_cache_release_hold(t);
 	if (t->c) {
 		if (READ_ONCE(t->c->owner) == ti)
 			WRITE_ONCE(t->c->owner, NULL);
@@ -104,6 +105,7 @@ static int tc_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	}
 	ti->private = t;
 	t->ti = ti;
+	t->read_only = !tc_table_writable(ti->table);
 
 	r = tc_args_parse(&t->args, argc, argv, &ti->error);
 	if (r)
@@ -247,7 +249,11 @@ static int tc_message(struct dm_target *ti, unsigned int argc, char **argv,
 	int r = -EINVAL;
 
 	mutex_lock(&c->ctl_lock);
-	if (argc == 1 && !strcasecmp(argv[0], "flush")) {
+	if (argc == 1 && !strcasecmp(argv[0], "flush") &&
+	    READ_ONCE(c->read_only)) {
+		DMERR("%s: flush refused: the table is read-only", c->name);
+		r = -EROFS;
+	} else if (argc == 1 && !strcasecmp(argv[0], "flush")) {
 		tc_flush_start_full(c);
 		r = 0;
 	} else if (argc == 2 && !strcasecmp(argv[0], "cleaner")) {
@@ -272,27 +278,75 @@ static void tc_postsuspend(struct dm_target *ti)
 	struct tc_cache *c = t->c;
 	int r;
 
-	if (READ_ONCE(c->val[TC_KEY_FLUSH_ON_SUSPEND])) {
+	if (READ_ONCE(c->val[TC_KEY_FLUSH_ON_SUSPEND]) &&
+	    !READ_ONCE(c->read_only)) {
 		r = tc_flush_sync(c);
 		if (r)
 			DMERR("%s: flush on suspend failed (%d): %d dirty blocks remain",
 			      c->name, r, atomic_read(&c->nr_dirty));
 	}
 	tc_flush_stop(c);
-	tc_meta_commit(c);
+	tc_meta_suspend(c);
+}
+
+/*
+ * This table replaces the live one's cache device: the old cache must be
+ * clean before it goes.  Writes have been kept clean since the load, so
+ * there is little or nothing to write back.  If that fails the resume is
+ * refused (every later one too): the dirty blocks stay in the old cache's
+ * metadata, and loading a table with the old cache device finds them.
+ */
+static int tc_preresume_replace(struct tc_target *t)
+{
+	struct tc_cache *old = t->hold;
+	int dirty, r;
+
+	if (t->hold_error)
+		return t->hold_error;
+	if (!old || old == t->c)
+		return 0;
+	r = tc_flush_drain(old);
+	if (!r)
+		return 0;
+	dirty = atomic_read(&old->nr_dirty);
+	DMERR("%s: the cache device this table replaces keeps %d dirty blocks (writeback failed: %d): resume refused; load a table with the old cache device to reach them",
+	      old->name, dirty, r);
+	t->hold_error = r;
+	tc_cache_release_hold(t);
+	return r;
+}
+
+/*
+ * Passthrough needs a clean cache.  It was clean at the load and writes
+ * have stayed clean since, but writes in flight then may have dirtied a
+ * few blocks: write them back.  If that fails the table runs writethrough
+ * (status field 1 says so) rather than serve stale data or stay suspended.
+ */
+static void tc_preresume_passthrough(struct tc_target *t)
+{
+	struct tc_cache *c = t->c;
+	int r;
+
+	t->passthrough_failed = false;
+	if (t->args.mode != TC_MODE_PASSTHROUGH || !atomic_read(&c->nr_dirty))
+		return;
+	r = tc_flush_drain(c);
+	if (!r)
+		return;
+	t->passthrough_failed = true;
+	DMERR("%s: passthrough postponed: %d dirty blocks could not be written back (%d): running writethrough",
+	      c->name, atomic_read(&c->nr_dirty), r);
 }
 
 static int tc_preresume(struct dm_target *ti)
 {
 	struct tc_target *t = ti->private;
-	struct tc_cache *c = t->c;
-	int dirty = atomic_read(&c->nr_dirty);
+	int r;
 
-	if (t->args.mode == TC_MODE_PASSTHROUGH && dirty) {
-		DMERR("%s: passthrough refused while %d blocks are dirty: flush first",
-		      c->name, dirty);
-		return -EBUSY;
-	}
+	r = tc_preresume_replace(t);
+	if (r)
+		return r;
+	tc_preresume_passthrough(t);
 	return 0;
 }
 
@@ -303,11 +357,14 @@ static void tc_resume(struct dm_target *ti)
 	int k;
 
 	mutex_lock(&c->ctl_lock);
-	c->mode = t->args.mode;
+	c->mode = t->passthrough_failed ? TC_MODE_WRITETHROUGH : t->args.mode;
+	WRITE_ONCE(c->read_only, t->read_only);
 	for (k = 0; k < TC_NR_KEYS; k++)
 		WRITE_ONCE(c->val[k], t->val[k]);
 	WRITE_ONCE(c->owner, ti);
 	mutex_unlock(&c->ctl_lock);
+	tc_cache_release_hold(t);
+	tc_meta_resume(c);
 	tc_flush_resume(c);
 	tc_flush_check_watermark(c);
 }

@@ -19,6 +19,8 @@
 #include <linux/mutex.h>
 
 #include "tc_plan.h"
+#include "tc_lock.h"
+#include "compat.h"
 #include "tc_disk.h"
 
 #define DM_MSG_PREFIX "tiercache"
@@ -74,44 +76,6 @@ const char *tc_mode_name(enum tc_mode m);
 void tc_args_emit(const struct tc_args *a, char *result, unsigned int maxlen,
 		  unsigned int *sz);
 
-/* ---- tc_lock.c: per-block locks, shared or exclusive ---- */
-
-enum tc_lock_mode {
-	TC_LK_READ,		/* shared with reads and writeback */
-	TC_LK_WB,		/* shared with reads, one writeback at a time */
-	TC_LK_EXCL,
-};
-
-struct tc_holder {
-	struct hlist_node node;
-	u64 block;
-	enum tc_lock_mode mode;
-};
-
-struct tc_lock_bucket {
-	spinlock_t lock;
-	struct hlist_head held;
-	struct bio_list waiters;
-};
-
-struct tc_locks {
-	unsigned int nr_buckets;		/* power of two */
-	struct tc_lock_bucket *buckets;
-	wait_queue_head_t wait;		/* sleepers in tc_lock_wait() */
-	void (*requeue)(void *ctx, struct bio_list *bios);
-	void *ctx;
-};
-
-int tc_locks_init(struct tc_locks *l, unsigned int nr_buckets,
-		  void (*requeue)(void *ctx, struct bio_list *bios), void *ctx);
-void tc_locks_exit(struct tc_locks *l);
-bool tc_trylock(struct tc_locks *l, struct tc_holder *h, u64 block,
-		enum tc_lock_mode mode);
-bool tc_lock_or_defer(struct tc_locks *l, struct tc_holder *h, u64 block,
-		      enum tc_lock_mode mode, struct bio *bio);
-void tc_lock_wait(struct tc_locks *l, struct tc_holder *h, u64 block);
-void tc_unlock(struct tc_locks *l, struct tc_holder *h);
-
 /* ---- tc_index.c: slots, the block index and clean-slot reclaim ---- */
 
 struct tc_entry {
@@ -137,6 +101,14 @@ struct tc_stats {
 	atomic_t inflight_max;
 };
 
+/* ---- tc_io.c: page buffers (functions below) ---- */
+
+struct tc_buf {
+	unsigned int nr_chunks;
+	unsigned int chunk_bytes;
+	struct page **chunks;
+};
+
 /* ---- tc_pool.c: ready buffer chunks for the engine ---- */
 
 #define TC_BUF_MAX_ORDER	4
@@ -159,12 +131,15 @@ bool tc_pool_put(struct tc_pool *p, struct page *pg);
 
 /* ---- tc_flush.c: the neighbour-merging writeback engine ---- */
 
+struct tc_wb_req;
+
 enum tc_flush_bits {
 	TC_FL_FULL_REQ,		/* a full flush was asked for */
 	TC_FL_FULL,		/* a full flush is running */
 	TC_FL_BACKGROUND,	/* watermark writeback is running */
 	TC_FL_STOPPED,		/* suspended: issue nothing */
 	TC_FL_PAUSED,		/* background paused after an error */
+	TC_FL_PASS_END,		/* pass over: waiting for its requests */
 };
 
 struct tc_flush {
@@ -172,6 +147,7 @@ struct tc_flush {
 	struct work_struct done_work;	/* completions in process context */
 	unsigned long bits;		/* enum tc_flush_bits */
 	u64 cursor;			/* next origin block of the sweep */
+	u64 full_seq;			/* write_seq when the full flush began */
 	bool pass_skipped;		/* a dirty block was busy this pass */
 	bool pass_issued;		/* a request was issued this pass */
 	int pass_error;
@@ -186,6 +162,10 @@ struct tc_flush {
 	int error;			/* latched first error */
 	unsigned long flushes;		/* full flushes completed */
 	struct tc_pool pool;		/* buffer chunks, while running */
+	struct delayed_work retry_work;	/* ends a pause after an error */
+	unsigned int backoff_ms;	/* the next pause */
+	struct tc_wb_req *scratch;	/* gathers a request before sizing it */
+	u32 scratch_blocks;
 };
 
 /* ---- tc_meta.c: persistent metadata ---- */
@@ -203,6 +183,9 @@ struct tc_meta {
 	u64 open_seq;			/* the commit new changes go to */
 	u64 committed_seq;
 	bool force_sb;			/* commit even if nothing changed */
+	bool any_changed;		/* a block is marked in changed */
+	bool suspended;			/* no timer commits */
+	bool read_only;			/* the table is read-only: no writes */
 	int error;			/* first commit error */
 	atomic64_t commits;
 	u64 origin_sectors;
@@ -250,6 +233,8 @@ struct tc_cache {
 	/* live settings */
 	enum tc_mode mode;
 	bool cleaner;
+	bool read_only;			/* no writeback, no metadata writes */
+	atomic_t no_dirty;		/* tables loaded that keep writes clean */
 	unsigned int val[TC_NR_KEYS];
 
 	/* deferred bio processing */
@@ -259,12 +244,14 @@ struct tc_cache {
 	struct bio_list discards;
 	struct work_struct io_work;
 	struct work_struct discard_work;
+	struct workqueue_struct *discard_wq;	/* waits for locks: own queue */
 	struct bio_set bs;
 
 	struct tc_stats stats;
 	struct tc_flush fl;
 	struct tc_meta meta;
 	bool meta_loaded;		/* formatted or loaded: commit at the end */
+	bool creating;			/* in the registry, not yet set up */
 };
 
 /* one table's target: arguments and device references */
@@ -275,13 +262,23 @@ struct tc_target {
 	struct tc_args args;		/* as given (and set since) */
 	unsigned int val[TC_NR_KEYS];	/* resolved values in force */
 	unsigned int origin_max_kb;	/* the origin's max_sectors_kb */
+	bool read_only;			/* the table was loaded read-only */
+	bool passthrough_failed;	/* resumed writethrough: still dirty */
+	int hold_error;			/* the replaced cache is still dirty */
 	struct tc_cache *c;
+	/*
+	 * From load to resume, writes to @hold (this device's state, or the
+	 * state of the cache device this table replaces) stay clean, so the
+	 * resume has nothing, or little, to write back.
+	 */
+	struct tc_cache *hold;
 };
 
 /* ---- tc_cache.c: the state shared by the tables of one device ---- */
 
 struct tc_cache *tc_cache_get(struct tc_target *t, u32 nr_slots, char **error);
 void tc_cache_put(struct tc_cache *c);
+void tc_cache_release_hold(struct tc_target *t);
 
 /* per-bio data */
 enum tc_stage {
@@ -293,13 +290,16 @@ enum tc_stage {
 	TC_ST_PROMOTE_DONE,	/* slot write ended: index it */
 	TC_ST_FUA,		/* locked: write the slot, then commit */
 	TC_ST_FUA_DONE,		/* slot write ended: wait for a commit */
-	TC_ST_NEW_FAILED,	/* a fresh slot's write failed: drop it */
+	TC_ST_TO_ORIGIN,	/* cache failed: to the origin instead */
 };
 
 struct tc_bio {
 	struct tc_cache *c;
 	struct tc_holder holder;
 	bool locked;
+	bool to_cache;			/* remapped to its slot */
+	bool was_clean;			/* a write hit on a clean copy */
+	bool discard;			/* holds @range */
 	enum tc_stage stage;
 	u32 slot;			/* for promotion */
 	u64 block;
@@ -307,6 +307,9 @@ struct tc_bio {
 	atomic_t pending;		/* clones in flight */
 	blk_status_t status;
 	blk_status_t cache_status;
+	struct bvec_iter iter;		/* as mapped, to send it again */
+	struct tc_buf buf;		/* promotion: the target's own copy */
+	struct tc_range range;
 };
 
 static inline struct bio *tc_bio_of(struct tc_bio *pb)
@@ -350,6 +353,8 @@ bool tc_meta_defer_free(struct tc_cache *c, u32 slot);
 void tc_meta_queue_bio(struct tc_cache *c, struct bio *bio);
 void tc_meta_kick(struct tc_cache *c);
 int tc_meta_commit(struct tc_cache *c);
+void tc_meta_suspend(struct tc_cache *c);
+void tc_meta_resume(struct tc_cache *c);
 
 /* ---- tc_map.c: bio dispatch ---- */
 
@@ -358,6 +363,7 @@ int tc_end_io(struct dm_target *ti, struct bio *bio, blk_status_t *error);
 void tc_io_work(struct work_struct *w);
 void tc_discard_work(struct work_struct *w);
 void tc_requeue(void *ctx, struct bio_list *bios);
+struct tc_holder *tc_holder_of(struct bio *bio);
 void tc_queue_io(struct tc_cache *c, struct bio *bio);
 
 /* ---- tc_flush.c ---- */
@@ -369,20 +375,17 @@ void tc_flush_check_watermark(struct tc_cache *c);
 void tc_flush_stop(struct tc_cache *c);
 void tc_flush_resume(struct tc_cache *c);
 int tc_flush_sync(struct tc_cache *c);
+int tc_flush_drain(struct tc_cache *c);
+void tc_flush_exit(struct tc_cache *c);
 const char *tc_flush_state(struct tc_cache *c);
 
 /* ---- tc_io.c: page buffers and bio helpers ---- */
-
-struct tc_buf {
-	unsigned int nr_chunks;
-	unsigned int chunk_bytes;
-	struct page **chunks;
-};
 
 int tc_buf_alloc(struct tc_pool *p, struct tc_buf *b, size_t bytes);
 void tc_buf_free(struct tc_pool *p, struct tc_buf *b);
 struct bio *tc_buf_bio(struct tc_cache *c, struct tc_buf *b, size_t off,
 		       size_t *len, struct block_device *bdev, sector_t sector,
 		       blk_opf_t opf);
+void tc_buf_copy_to_bio(struct tc_buf *b, struct bio *bio);
 
 #endif /* DM_TIERCACHE_H */

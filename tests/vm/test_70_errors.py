@@ -91,10 +91,11 @@ def _fsync(path):
 
 def test_cache_write_error(stack):
     """The cache device fails writes (dm-flakey error_writes).  A block
-    written for the first time fails and is not cached: nothing is dirty,
-    reads give the origin's data.  The metadata commit of an fsync after a
-    discard of dirty blocks fails: fsync says EIO and status field 22
-    latches it, field 21 stops counting.
+    written for the first time goes around the cache: the write succeeds
+    on the origin, nothing is dirty and no slot is kept (the same through
+    the FUA path).  A discard of dirty blocks must commit before it ends:
+    that commit fails, so the discard fails with EIO; status field 22
+    latches the error, field 21 stops counting.
     Healed, writes and commits work again and a flush puts exactly the
     acknowledged data on the origin."""
     ram = stack.ram(32 * MiB)
@@ -116,27 +117,33 @@ def test_cache_write_error(stack):
     cdev.suspend()
     cdev.reload(broken)
     used = tc.status()["used"]               # reads may have promoted blocks
-    for b in (500, 501, 777):                # never cached: fresh slots
-        with pytest.raises(OSError) as ei:
-            tclib.write_direct(tc.path, b * B, bytes([b % 251]) * B)
-        assert ei.value.errno == errno.EIO
+    bypass = tc.status()["write_bypass"]
+    with tclib.Workload(tc.path, m, seed=184) as wl:
+        for b in (500, 501, 777):            # never cached: fresh slots
+            wl.write_direct(b * B, B)
     # the same through the FUA path (the slot write, then a commit)
     fd = os.open(tc.path, os.O_WRONLY | os.O_DIRECT | os.O_DSYNC)
     buf = tclib.aligned_buf(B)
     try:
-        with pytest.raises(OSError) as ei:
-            os.pwrite(fd, memoryview(buf)[:B], 888 * B)
-        assert ei.value.errno == errno.EIO
+        data = bytes([88]) * B
+        buf[:B] = data
+        assert os.pwrite(fd, memoryview(buf)[:B], 888 * B) == B
+        m.data[888 * B:889 * B] = data
     finally:
         os.close(fd)
         buf.close()
     st = tc.status()
     assert st["dirty"] == 40, f"a failed write to a fresh slot left it dirty: {st['raw']}"
     assert st["used"] == used, f"a failed write to a fresh slot kept its slot: {st['raw']}"
-    m.verify_device(tc.path, what="after failed cache writes (origin data expected)")
-    # Something for the next commit to write: dropping dirty blocks 101-103
-    # changes their entries (no data write involved).
-    tclib.discard(tc.path, 101 * B, 3 * B)
+    assert st["write_bypass"] == bypass + 4, st["raw"]
+    m.verify_device(tc.path, what="after writes around the failed cache")
+    m.verify_device(ram, what="origin after writes around the failed cache",
+                    start=500 * B, end=502 * B)
+    # Dropping dirty blocks 101-103 changes their entries: the discard
+    # commits before it ends, and that commit fails.
+    with pytest.raises(OSError) as ei:
+        tclib.discard(tc.path, 101 * B, 3 * B)
+    assert ei.value.errno == errno.EIO
     assert tc.status()["dirty"] == 37
     with pytest.raises(OSError) as ei:
         _fsync(tc.path)
