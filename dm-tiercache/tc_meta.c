@@ -377,16 +377,23 @@ static void tc_meta_timer_work(struct work_struct *w)
 
 /* ---- open: format or load ---- */
 
+static unsigned long *tc_bitmap_alloc(u64 bits)
+{
+	return kvcalloc(BITS_TO_LONGS(bits), sizeof(unsigned long),
+			GFP_KERNEL);
+}
+
 static int tc_meta_alloc(struct tc_meta *m)
 {
 	u64 n = m->layout.meta_blocks;
 
 	m->image = vzalloc(n * TC_MBLOCK_BYTES);
 	m->shadow = vzalloc(n * TC_MBLOCK_BYTES);
-	m->changed = bitmap_zalloc(n, GFP_KERNEL);
-	m->snap = bitmap_zalloc(n, GFP_KERNEL);
-	m->disk_dirty = bitmap_zalloc(m->layout.nr_slots, GFP_KERNEL);
-	m->pending_free = bitmap_zalloc(m->layout.nr_slots, GFP_KERNEL);
+	/* per-slot and per-block bitmaps: vmalloc, whatever the size */
+	m->changed = tc_bitmap_alloc(n);
+	m->snap = tc_bitmap_alloc(n);
+	m->disk_dirty = tc_bitmap_alloc(m->layout.nr_slots);
+	m->pending_free = tc_bitmap_alloc(m->layout.nr_slots);
 	m->sb = (void *)get_zeroed_page(GFP_KERNEL);
 	if (!m->image || !m->shadow || !m->changed || !m->snap ||
 	    !m->disk_dirty || !m->pending_free || !m->sb)
@@ -400,10 +407,10 @@ void tc_meta_free(struct tc_cache *c)
 
 	vfree(m->image);
 	vfree(m->shadow);
-	bitmap_free(m->changed);
-	bitmap_free(m->snap);
-	bitmap_free(m->disk_dirty);
-	bitmap_free(m->pending_free);
+	kvfree(m->changed);
+	kvfree(m->snap);
+	kvfree(m->disk_dirty);
+	kvfree(m->pending_free);
 	free_page((unsigned long)m->sb);
 	m->image = NULL;
 	m->sb = NULL;
