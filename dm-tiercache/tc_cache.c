@@ -47,6 +47,7 @@ static void tc_cache_destroy(struct tc_cache *c)
 		DMINFO("%s: %d dirty blocks stay in the cache device's metadata",
 		       c->name, dirty);
 	tc_meta_free(c);
+	free_percpu(c->stats.io);
 	bioset_exit(&c->bs);
 	tc_locks_exit(&c->locks);
 	tc_index_exit(c);
@@ -67,6 +68,9 @@ static int tc_cache_setup(struct tc_cache *c)
 	r = bioset_init(&c->bs, TC_BIOSET_SIZE, 0, BIOSET_NEED_BVECS);
 	if (r)
 		return r;
+	c->stats.io = alloc_percpu(struct tc_io_stats);
+	if (!c->stats.io)
+		return -ENOMEM;
 	spin_lock_init(&c->defer_lock);
 	bio_list_init(&c->deferred);
 	bio_list_init(&c->discards);

@@ -77,16 +77,16 @@ static enum tc_action tc_read(struct tc_cache *c, struct bio *bio,
 	struct tc_entry *e = tc_lookup(c, block);
 
 	if (c->mode == TC_MODE_PASSTHROUGH) {
-		atomic64_inc(&c->stats.read_misses);
+		tc_count(c, TC_S_READ_MISS);
 		return TC_TO_ORIGIN;
 	}
 	if (e) {
-		atomic64_inc(&c->stats.read_hits);
+		tc_count(c, TC_S_READ_HIT);
 		set_bit(TC_E_REF, &e->flags);
 		pb->slot = tc_slot_of(c, e);
 		return TC_TO_CACHE;
 	}
-	atomic64_inc(&c->stats.read_misses);
+	tc_count(c, TC_S_READ_MISS);
 	/* promotion fills a slot: only under an exclusive lock */
 	if (pb->holder.mode == TC_LK_EXCL && !READ_ONCE(c->read_only) &&
 	    tc_whole_block(c, bio) && !tc_alloc_slot(c, block, &pb->slot)) {
@@ -155,14 +155,14 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 	struct tc_entry *e = tc_lookup(c, block);
 
 	if (c->mode == TC_MODE_PASSTHROUGH) {
-		atomic64_inc(e ? &c->stats.write_hits : &c->stats.write_misses);
-		atomic64_inc(&c->stats.write_bypass);
+		tc_count(c, e ? TC_S_WRITE_HIT : TC_S_WRITE_MISS);
+		tc_count(c, TC_S_WRITE_BYPASS);
 		if (e)
 			tc_remove(c, e);
 		return TC_TO_ORIGIN;
 	}
 	if (e) {
-		atomic64_inc(&c->stats.write_hits);
+		tc_count(c, TC_S_WRITE_HIT);
 		set_bit(TC_E_REF, &e->flags);
 		pb->slot = tc_slot_of(c, e);
 		if (!tc_writes_dirty(c))
@@ -171,12 +171,12 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 		tc_mark_dirty(c, e);
 		return tc_write_cache(c, bio, pb);
 	}
-	atomic64_inc(&c->stats.write_misses);
+	tc_count(c, TC_S_WRITE_MISS);
 	if (!tc_writes_dirty(c))
 		return TC_TO_ORIGIN;
 	if (tc_whole_block(c, bio) && tc_write_allocate(c, pb, block))
 		return tc_write_cache(c, bio, pb);
-	atomic64_inc(&c->stats.write_bypass);
+	tc_count(c, TC_S_WRITE_BYPASS);
 	return TC_TO_ORIGIN;
 }
 
@@ -351,7 +351,7 @@ static void tc_drop_slot(struct tc_cache *c, struct tc_bio *pb)
 	e = tc_lookup(c, pb->block);
 	if (e && tc_slot_of(c, e) == pb->slot)
 		tc_remove(c, e);
-	atomic64_inc(&c->stats.write_bypass);
+	tc_count(c, TC_S_WRITE_BYPASS);
 }
 
 /* Send @bio, as it was mapped, to the origin (still holding its lock). */

@@ -141,6 +141,16 @@ bad:
 	return r;
 }
 
+static u64 tc_stat_sum(struct tc_cache *c, enum tc_io_stat k)
+{
+	u64 sum = 0;
+	int cpu;
+
+	for_each_possible_cpu(cpu)
+		sum += per_cpu_ptr(c->stats.io, cpu)->n[k];
+	return sum;
+}
+
 static void tc_emit_info(struct tc_cache *c, char *result, unsigned int maxlen,
 			 unsigned int *sz_ptr)
 {
@@ -151,12 +161,12 @@ static void tc_emit_info(struct tc_cache *c, char *result, unsigned int maxlen,
 	u64 ratio = reqs ? div64_u64(blocks * 100, reqs) : 0;
 	unsigned int sz = *sz_ptr;
 
-	DMEMIT("%s %u %u/%u %d %lld %lld %lld %lld %lld %s %llu %llu %llu %llu %llu.%02llu %lld %d %d %lu %d %lld %d",
+	DMEMIT("%s %u %u/%u %d %llu %llu %llu %llu %llu %s %llu %llu %llu %llu %llu.%02llu %lld %d %d %lu %d %lld %d",
 	       tc_mode_name(c->mode), c->block_sectors, tc_nr_used(c),
 	       c->nr_slots, atomic_read(&c->nr_dirty),
-	       atomic64_read(&s->read_hits), atomic64_read(&s->read_misses),
-	       atomic64_read(&s->write_hits), atomic64_read(&s->write_misses),
-	       atomic64_read(&s->write_bypass), tc_flush_state(c),
+	       tc_stat_sum(c, TC_S_READ_HIT), tc_stat_sum(c, TC_S_READ_MISS),
+	       tc_stat_sum(c, TC_S_WRITE_HIT), tc_stat_sum(c, TC_S_WRITE_MISS),
+	       tc_stat_sum(c, TC_S_WRITE_BYPASS), tc_flush_state(c),
 	       blocks, reqs, sectors,
 	       reqs ? div64_u64(sectors / 2, reqs) : 0,
 	       div64_u64(ratio, 100), ratio % 100,
@@ -192,12 +202,10 @@ static void tc_status(struct dm_target *ti, status_type_t type,
 static void tc_stats_reset(struct tc_cache *c)
 {
 	struct tc_stats *s = &c->stats;
+	int cpu;
 
-	atomic64_set(&s->read_hits, 0);
-	atomic64_set(&s->read_misses, 0);
-	atomic64_set(&s->write_hits, 0);
-	atomic64_set(&s->write_misses, 0);
-	atomic64_set(&s->write_bypass, 0);
+	for_each_possible_cpu(cpu)
+		memset(per_cpu_ptr(s->io, cpu), 0, sizeof(struct tc_io_stats));
 	atomic64_set(&s->wb_blocks, 0);
 	atomic64_set(&s->wb_requests, 0);
 	atomic64_set(&s->wb_sectors, 0);

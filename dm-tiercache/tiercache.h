@@ -88,12 +88,23 @@ struct tc_entry {
 #define TC_E_REF	1		/* referenced since the last CLOCK pass */
 #define TC_E_WB		2		/* in a writeback request */
 
+/* per-bio counters: per CPU, summed when the status is read */
+enum tc_io_stat {
+	TC_S_READ_HIT,
+	TC_S_READ_MISS,
+	TC_S_WRITE_HIT,
+	TC_S_WRITE_MISS,
+	TC_S_WRITE_BYPASS,
+	TC_NR_IO_STATS,
+};
+
+struct tc_io_stats {
+	u64 n[TC_NR_IO_STATS];
+};
+
+/* writeback counters: one update per request, shared */
 struct tc_stats {
-	atomic64_t read_hits;
-	atomic64_t read_misses;
-	atomic64_t write_hits;
-	atomic64_t write_misses;
-	atomic64_t write_bypass;
+	struct tc_io_stats __percpu *io;
 	atomic64_t wb_blocks;
 	atomic64_t wb_requests;
 	atomic64_t wb_sectors;
@@ -311,6 +322,11 @@ struct tc_bio {
 	struct tc_buf buf;		/* promotion: the target's own copy */
 	struct tc_range range;
 };
+
+static inline void tc_count(struct tc_cache *c, enum tc_io_stat s)
+{
+	this_cpu_inc(c->stats.io->n[s]);
+}
 
 static inline struct bio *tc_bio_of(struct tc_bio *pb)
 {
