@@ -59,16 +59,15 @@ const char *tc_mode_name(enum tc_mode m)
 	return tc_modes[m];
 }
 
-/* A whole decimal number: no sign, no trailing junk. */
+/*
+ * A whole decimal number: no sign, no trailing junk, and no wrap: a value
+ * past U32_MAX is refused (sscanf's %u wrapped 4294967304 to 8).
+ */
 static int tc_parse_uint(const char *s, unsigned int *v)
 {
-	char dummy;
-
 	if (!s || !isdigit(*s))
 		return -EINVAL;
-	if (sscanf(s, "%u%c", v, &dummy) != 1)
-		return -EINVAL;
-	return 0;
+	return kstrtouint(s, 10, v) ? -EINVAL : 0;
 }
 
 static int tc_find_key(const char *name)
