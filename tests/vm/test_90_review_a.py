@@ -460,6 +460,7 @@ def test_04_fua_write_after_discard_survives_crash(stack):
             assert rc is not None, "the O_DSYNC write did not end within 30 s"
         fua_ok = rc == 0
         tclib.log(f"O_DSYNC write: rc {rc} {w.err}; notes: {notes}")
+        tclib.kmsg(f"test_04: O_DSYNC write rc {rc}; {'; '.join(notes) or 'nothing waited'}")
         # the crash point: both devices as they are now
         if not cdev_suspended:
             suspend(cdev)
