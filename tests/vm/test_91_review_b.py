@@ -117,8 +117,15 @@ def delayed(stack, size, read_ms=0, write_ms=0):
     backing = dev.table.split()[3]
     n = tclib.size_sectors(dev.path)
 
+    def disarm():
+        # no delay for teardown (udev probes the device after each resume:
+        # with a read delay its blkid would keep the device open for long)
+        swap(dev, f"0 {n} delay {backing} 0 0 {backing} 0 0")
+        tclib.run(["udevadm", "settle", "--timeout=30"], check=False, quiet=True)
+
     def arm():
         swap(dev, f"0 {n} delay {backing} 0 {read_ms} {backing} 0 {write_ms}")
+        stack._defer(disarm)
     return dev, arm
 
 
@@ -175,8 +182,11 @@ def test_cleaner_write_during_writeback_write(stack):
     done_after = w.t1 - t_wb
     waited = w.seconds() >= 1.5
     wb = st["wb_blocks"] - st0["wb_blocks"]
-    print(st_c["raw"], st["raw"], f"write issued {lag:.2f}s after the writeback "
-          f"write, done {done_after:.2f}s after it; wb_blocks +{wb}")
+    note = (f"write issued {lag:.2f}s after the writeback write, took "
+            f"{w.seconds():.2f}s, done {done_after:.2f}s after it; wb_blocks +{wb}; "
+            f"at its return: {st_c['raw']}; at the end: {st['raw']}")
+    print(note)
+    tclib.kmsg(f"item 2: {note}")
     assert st["error"] == 0, st["raw"]
     tclib.compare(c, tclib.read_direct(tc.path, X * B, B), X * B, "device after the race")
     tc.remove()
@@ -558,6 +568,8 @@ def test_full_flush_ends_under_rewrites(stack):
         w.result()
     print(st["raw"], f"flush ended after {ended}s, {during} rewrites during it")
     print("t, dirty, wb_blocks, wb_requests, state, rewrites:", samples)
+    tclib.kmsg(f"item 11: flush ended after {ended}s, {during} rewrites; "
+               f"samples {samples[:12]} ... {samples[-3:]}")
     assert ended is not None, (
         f"a full flush did not end within 30 s while 4 threads rewrote its "
         f"blocks ({during} rewrites meanwhile): {st['raw']}")
@@ -577,20 +589,20 @@ def test_full_flush_ends_under_rewrites(stack):
 # ---------------------------------------------------------------- item 12
 
 def test_writer_not_starved_by_readers(stack):
-    """32 O_DIRECT reads in flight on one cached block all the time (fio,
-    4 jobs, iodepth 8; cache read delay 20 ms so each read holds the block
+    """48 O_DIRECT reads in flight on one cached block all the time (fio,
+    6 jobs, iodepth 8; cache read delay 50 ms so each read holds the block
     a while); a writer writes that block 50 times: each write completes
     within 1 s, and the block then reads as the last write."""
     ram = stack.ram(32 * MiB)
     m = tclib.seeded_origin(ram, seed=1201)
-    cdev, arm = delayed(stack, 8 * MiB, read_ms=20)
+    cdev, arm = delayed(stack, 8 * MiB, read_ms=50)
     tc = stack.tiercache(ram, cdev.path, 8, "writeback")
     arm()
     X = 3000
     tclib.write_direct(tc.path, X * B, rnd(1202))
     cmd = ["fio", "--eta=never", "--name=hot", f"--filename={tc.path}",
            "--ioengine=libaio", "--direct=1", "--rw=read", "--bs=4k",
-           f"--offset={X * B}", "--size=4k", "--iodepth=8", "--numjobs=4",
+           f"--offset={X * B}", "--size=4k", "--iodepth=8", "--numjobs=6",
            "--time_based", "--runtime=120"]
     tclib.log("$ " + " ".join(cmd) + " &")
     fio = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -639,7 +651,7 @@ def test_writer_not_starved_by_readers(stack):
     print(f"write latencies: max {max(lat):.3f}s, mean {sum(lat) / len(lat):.3f}s, "
           f"read hits meanwhile {hits_during}")
     assert starved is None, (
-        f"write {starved + 1} of 50 to a block under 32 concurrent O_DIRECT reads "
+        f"write {starved + 1} of 50 to a block under 48 concurrent O_DIRECT reads "
         f"had not completed after 10 s (it completed only once the readers "
         f"stopped, after {lat[starved]:.1f}s); latencies so far "
         f"{[round(x, 2) for x in lat[:starved]]}")
