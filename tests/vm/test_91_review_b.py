@@ -140,51 +140,48 @@ def test_cleaner_write_during_writeback_write(stack):
     the cache (writethrough).  When the block's writeback write is still
     in flight, that older copy and the new write are both on their way to
     the origin: the block may be marked clean only if the new data surely
-    lands last, i.e. the write waited for the writeback (never two writes
-    of the block in flight at the origin at once), or else it stays dirty
-    and is written back again.
+    lands last, i.e. the write waited for the writeback, or else it stays
+    dirty (or goes to the cache only) and is written back again.
 
     What this can and cannot show: dm-delay keeps the order of writes, so
     the origin ends with the new data on every module (checked below); the
     reordering itself, which a real disk may do, cannot be produced here.
-    The test checks the protocol: the new write is issued right after the
-    writeback write (seen in wb_requests); if it is acknowledged after one
-    origin delay (1 s) it was sent while the older copy was in flight (a
-    write that waits for the writeback takes two delays or more), and
-    wb_blocks shows whether the block was written back again afterwards.
-    (/sys/block in_flight of a dm-delay device did not show the held write
-    here, so it is not used.)"""
-    s = stack.setup(origin_mib=32, cache_mib=8, write_ms=1000, seed=201)
-    tc, m = s.tc, s.model
+    The test checks the protocol.  The origin delays writes and flushes by
+    D = 2 s.  The writeback write of the old copy is issued after the
+    `cleaner on` message (t0) and seen issued in wb_requests; the new write
+    is issued before t0 + D, so before the old copy can have landed.  It is
+    sent at once if it takes about D, waits if it takes 1.3 D or more, and
+    goes to the cache only if it takes much less.  The block was written
+    back twice (wb_blocks +2) unless the new write waited."""
+    D = 2.0
+    s = stack.setup(origin_mib=32, cache_mib=8, write_ms=int(D * 1000), seed=201)
+    tc = s.tc
     X = 3000
     a, c = rnd(202), rnd(203)
     tclib.write_direct(tc.path, X * B, a)
     st0 = tc.status()
     assert st0["dirty"] == 1, st0["raw"]
+    t0 = time.monotonic()
     tc.message("cleaner", "on")
     try:
         # the writeback write of `a` is issued (wb_requests counts it at
-        # submission) and now held for 1 s by the origin's write delay
+        # submission) and now held by the origin's write delay
         wait_until(lambda: tc.status()["wb_requests"] > st0["wb_requests"], 10,
                    "the writeback write to be issued")
-        t_wb = time.monotonic()
         w = Bg(tclib.write_direct, tc.path, X * B, c)
-        w.join(20, "the cleaner-mode write").result()
+        w.join(30, "the cleaner-mode write").result()
         st_c = tc.status()
         st = wait_until(lambda: (lambda st: st["dirty"] == 0 and
                                  st["flush_state"] == "idle" and st)(tc.status()),
-                        30, "the cleaner to write the block back")
+                        40, "the cleaner to write the block back", step=0.1)
     finally:
         tc.message("cleaner", "off")
-    # the new write was issued within `lag` of the writeback write; it
-    # waited for it if it took two origin delays (one: sent at once)
-    lag = w.t0 - t_wb
-    done_after = w.t1 - t_wb
-    waited = w.seconds() >= 1.5
+    lag = w.t0 - t0
+    waited = w.seconds() >= 1.3 * D
     wb = st["wb_blocks"] - st0["wb_blocks"]
-    note = (f"write issued {lag:.2f}s after the writeback write, took "
-            f"{w.seconds():.2f}s, done {done_after:.2f}s after it; wb_blocks +{wb}; "
-            f"at its return: {st_c['raw']}; at the end: {st['raw']}")
+    note = (f"write issued {lag:.2f}s after the cleaner message, took "
+            f"{w.seconds():.2f}s; wb_blocks +{wb}; at its return: {st_c['raw']}; "
+            f"at the end: {st['raw']}")
     print(note)
     tclib.kmsg(f"item 2: {note}")
     assert st["error"] == 0, st["raw"]
@@ -192,15 +189,16 @@ def test_cleaner_write_during_writeback_write(stack):
     tc.remove()
     tclib.compare(c, tclib.read_direct(s.origin.path, X * B, B), X * B,
                   "origin after the race")
-    assert lag < 0.3, f"the write was issued {lag:.2f}s after the writeback write: no race"
+    assert lag < 0.75 * D, \
+        f"the write was issued {lag:.2f}s after the cleaner message: no race (slow VM?)"
     assert waited or wb >= 2, (
-        f"the cleaner write of block {X}, issued {lag:.2f}s after the writeback "
-        f"write of its older copy (held 1 s by the origin), was acknowledged "
-        f"after {w.seconds():.2f}s, i.e. sent to the origin while the "
-        f"older copy was still in flight, and the block was then marked clean after "
-        f"one writeback write (wb_blocks +{wb}; dirty {st_c['dirty']} when the write "
-        f"returned): on an origin that reorders writes the older copy lands last "
-        f"and the clean cached copy differs from the origin: {st['raw']}")
+        f"the cleaner write of block {X}, issued {lag:.2f}s after the cleaner "
+        f"message, i.e. while the writeback write of the block's older copy was "
+        f"held by the origin ({D:.0f} s), took {w.seconds():.2f}s: it was sent to "
+        f"the origin alongside the older copy, and the block was then marked clean "
+        f"after one writeback write (wb_blocks +{wb}; dirty {st_c['dirty']} when "
+        f"the write returned): on an origin that reorders writes the older copy "
+        f"lands last and the clean cached copy differs from the origin: {st['raw']}")
 
 
 # ---------------------------------------------------------------- item 3
