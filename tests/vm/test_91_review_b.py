@@ -500,8 +500,9 @@ def test_unreadable_bridged_hole_writes_the_runs(stack):
 
 # ---------------------------------------------------------------- item 11
 
-def test_full_flush_ends_under_rewrites(stack):
-    """256 dirty blocks; a full flush while 4 threads keep rewriting random
+@pytest.mark.parametrize("nw", [4, 16])
+def test_full_flush_ends_under_rewrites(stack, nw):
+    """256 dirty blocks; a full flush while nw threads keep rewriting random
     blocks among them (O_DIRECT; cache write delay 100 ms, so a rewrite
     holds its block that long).  The flush must end (dm event, flushes +1)
     within 30 s while the writers go on, and every block dirty when it
@@ -518,7 +519,7 @@ def test_full_flush_ends_under_rewrites(stack):
     st0 = tc.status()
     assert st0["dirty"] == N, st0["raw"]
     stop = threading.Event()
-    counts = [0] * 4
+    counts = [0] * nw
     lock = threading.Lock()
 
     def writer(k):
@@ -538,7 +539,7 @@ def test_full_flush_ends_under_rewrites(stack):
             os.close(fd)
             buf.close()
 
-    ws = [Bg(writer, k) for k in range(4)]
+    ws = [Bg(writer, k) for k in range(nw)]
     try:
         wait_until(lambda: sum(counts) >= 8, 10, "the writers to get going")
         ev = tc.event_nr()
@@ -566,10 +567,10 @@ def test_full_flush_ends_under_rewrites(stack):
         w.result()
     print(st["raw"], f"flush ended after {ended}s, {during} rewrites during it")
     print("t, dirty, wb_blocks, wb_requests, state, rewrites:", samples)
-    tclib.kmsg(f"item 11: flush ended after {ended}s, {during} rewrites; "
+    tclib.kmsg(f"item 11 ({nw} writers): flush ended after {ended}s, {during} rewrites; "
                f"samples {samples[:12]} ... {samples[-3:]}")
     assert ended is not None, (
-        f"a full flush did not end within 30 s while 4 threads rewrote its "
+        f"a full flush did not end within 30 s while {nw} threads rewrote its "
         f"blocks ({during} rewrites meanwhile): {st['raw']}")
     assert alive and during >= 4, f"the writers stalled during the flush ({during} writes)"
     bad = []
