@@ -108,8 +108,8 @@ class Cand:
 
     def matches(self, obs):
         """obs: ('w', wid) | ('z',) | ('g', bytes)"""
-        if self.kind == "w" and self.ok is False:
-            return True                 # failed write: unknown content
+        if self.ok is False:
+            return True                 # failed write or discard: unknown content
         if self.kind == "d":
             return obs[0] == "z"
         if self.kind == "o":
@@ -232,12 +232,13 @@ class Model:
                     continue            # unambiguous already
                 if any(c.end is None or c.end >= rs for c in lst):
                     continue            # a write/discard overlapped this read
+                why = "of " + ", ".join(map(repr, live))
                 if obs[0] == "w":
-                    p = Cand("o", obs[1], rs, re_, True)
+                    p = Cand("o", obs[1], rs, re_, True, desc=why)
                 elif obs[0] == "z":
-                    p = Cand("o", -1, rs, re_, True)
+                    p = Cand("o", -1, rs, re_, True, desc=why)
                 else:
-                    p = Cand("o", None, rs, re_, True, raw=obs[1])
+                    p = Cand("o", None, rs, re_, True, raw=obs[1], desc=why)
                 lst.append(p)
                 self.c[s] = self._gc(lst, self._min_rs(re_))
                 self.pins += 1
@@ -280,6 +281,10 @@ class Worker(threading.Thread):
             s0 = r.randrange(lo // bs, (hi - n) // bs + 1) * bs
         elif op in ("fsync", "fdatasync"):
             return op, 0, 0
+        elif op == "discard" and r.random() < 0.5:          # whole blocks
+            nb = max(1, int(2 ** r.uniform(0, 3)))
+            n = nb * bs
+            s0 = r.randrange(lo // bs, (hi - n) // bs + 1) * bs
         else:
             n = max(1, int(2 ** r.uniform(0, 7)))           # 1..128 sectors
             if op in ("partial", "fua") and n % bs == 0:
@@ -303,7 +308,7 @@ class Worker(threading.Thread):
                 self.do(op, s0, n, fd, fdf, buf, mv, desc)
                 self.cur = None
         except Failure as f:
-            st.fail(f.rule, f.detail)
+            st.fail(f.rule, f"{f.detail} [fault windows: {st.last_window()}]")
         except Exception:
             st.fail("crash", f"{self.name}: {traceback.format_exc()}")
         finally:
@@ -351,16 +356,21 @@ class Worker(threading.Thread):
             finally:
                 m.end_write(c, ok)
         elif op == "discard":
-            c = m.begin_write("d", s0, n)
+            bs = st.block_sectors
+            c = m.begin_write("d", s0, n, desc=f"{self.name}#{self.nops} {s0}+{n} " + (
+                "whole blocks" if s0 % bs == 0 and n % bs == 0 else "partial"))
+            ok = False
             try:
                 fcntl.ioctl(fd, BLKDISCARD, struct.pack("QQ", off, ln))
+                ok = True
             except OSError as e:
                 if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):
                     self.counts["discard_refused"] += 1
+                    ok = True           # zeroes or the old content, as a discard
                 else:
                     self._err(op, e, t0, desc)
             finally:
-                m.end_write(c, True)
+                m.end_write(c, ok)
         elif op in ("fsync", "fdatasync"):
             try:
                 (os.fsync if op == "fsync" else os.fdatasync)(fd)
@@ -684,9 +694,10 @@ class Stress:
         with self.wlock:
             if not self.windows:
                 return "none"
+            n = len(self.windows)
             o, c, what, kind = self.windows[-1]
             now = time.monotonic()
-            return (f"{what} {kind} opened {now - o:.2f}s ago, "
+            return (f"{n} so far, the last: {what} {kind} opened {now - o:.2f}s ago, "
                     + ("still open" if c is None else f"closed {now - c:.2f}s ago"))
 
     def setup(self, stack):

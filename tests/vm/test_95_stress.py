@@ -6,7 +6,8 @@ fault windows on the origin and the cache device.
 `make test` runs a short seeded run; `make soak` runs it for an hour.
 Environment (passed into the VM by tests/run.sh):
   TC_STRESS_SECONDS  IO phase length (default 150)
-  TC_STRESS_SEED     seed (default 1; `random` for a new one, printed)
+  TC_STRESS_SEED     seed (default 1; `random` for a new one, printed);
+                     a comma-separated list runs one after the other
   TC_STRESS_THREADS  IO threads (default 4)
   TC_STRESS_ARGS     more stress.py arguments (e.g. "--block 8 --no-pin")
 A failure prints the seed and the stress.py command line that replays it.
@@ -32,8 +33,17 @@ HERE = Path(__file__).resolve().parent
 
 def test_stress(capsys):
     seconds = float(os.environ.get("TC_STRESS_SECONDS", "150"))
-    seed = os.environ.get("TC_STRESS_SEED", "1")
+    seeds = os.environ.get("TC_STRESS_SEED", "1").split(",")
     threads = os.environ.get("TC_STRESS_THREADS", "4")
+    failed = []
+    for seed in seeds:
+        err = run_one(capsys, seconds, seed.strip(), threads)
+        if err:
+            failed.append(err)
+    assert not failed, "\n".join(failed)
+
+
+def run_one(capsys, seconds, seed, threads):
     cmd = [sys.executable, "-u", str(HERE / "stress.py"), "--seconds", str(seconds),
            "--threads", threads,
            "--progress", str(60 if seconds > 300 else 30)]
@@ -64,6 +74,7 @@ def test_stress(capsys):
                 p.kill()
                 pytest.fail(f"stress.py did not end within {limit:.0f}s:\n"
                             + "".join(out[-60:]), pytrace=False)
+                return None
             if ln is None:
                 break
             out.append(ln)
@@ -71,5 +82,6 @@ def test_stress(capsys):
     rc = p.wait(timeout=60)
     text = "".join(out)
     verdict = [ln for ln in out if ln.startswith(("VERDICT", "STRESS FAIL", "replay:"))]
-    assert rc == 0 and "VERDICT: PASS" in text, \
-        f"stress.py rc {rc}:\n" + "".join(verdict or out[-40:])
+    if rc == 0 and "VERDICT: PASS" in text:
+        return None
+    return f"stress.py rc {rc}:\n" + "".join(verdict or out[-40:])
