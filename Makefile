@@ -5,11 +5,13 @@
 #   make test         the whole test suite (installs what it needs, boots QEMU):
 #                     Debian 6.1 (tests/run.sh), then 6.12 (tests/kernel2.sh)
 #   make experiment   the flush-linearisation experiment (installs what it needs)
+#   make soak         the model-checked stress test (tests/vm/stress.py) in the VM
+#                     for SOAK_SECONDS (default 3600); SOAK_SEED=N replays a seed
 
 KVER ?= $(shell ls /lib/modules 2>/dev/null | grep -E '^6\.1\.' | sort -V | tail -n 1)
 KDIR ?= /lib/modules/$(KVER)/build
 
-.PHONY: all module clean test test-host experiment userspace
+.PHONY: all module clean test test-host experiment userspace soak
 
 all: module
 
@@ -28,6 +30,19 @@ test:
 
 experiment:
 	./scripts/experiment.sh
+
+# One VM, only the stress test, for an hour; the counts are printed at the end
+# (results/latest/pytest.log has the progress lines).
+SOAK_SECONDS ?= 3600
+SOAK_SEED ?= random
+soak:
+	@rc=0; TESTS=tests/vm/test_95_stress.py TC_SKIP_CRASH=1 \
+	TC_STRESS_SECONDS=$(SOAK_SECONDS) TC_STRESS_SEED=$(SOAK_SEED) \
+	TC_PYTEST_TIMEOUT=$$(( $(SOAK_SECONDS) + 2400 )) TC_VM_TIMEOUT=$$(( $(SOAK_SECONDS) + 3000 )) \
+	./tests/run.sh || rc=1; \
+	echo "=== soak ($(SOAK_SECONDS) s) ==="; \
+	grep -a -E '^\[stress .*\] (seed|run:|final)|^(VERDICT|STRESS FAIL|replay:)' results/latest/pytest.log || true; \
+	exit $$rc
 
 clean:
 	-$(MAKE) -C $(KDIR) M=$(CURDIR)/dm-tiercache clean

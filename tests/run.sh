@@ -25,6 +25,8 @@
 #   TC_KO=path        module to test (default dm-tiercache/dm-tiercache.ko)
 #   TC_SKIP_CRASH=1   skip the crash test (reported as SKIP)
 #   TC_CRASH=1        run the crash test even with TESTS set
+#   TC_STRESS_SECONDS, TC_STRESS_SEED, TC_STRESS_THREADS, TC_STRESS_ARGS
+#                     the stress test's run (tests/vm/test_95_stress.py, make soak)
 set -euo pipefail
 
 # The body is one function, parsed whole before it runs: editing this file
@@ -150,6 +152,10 @@ hdr "VM tests (kernel $KVER)"
 	printf 'TESTS=%q\n' "$TESTS"
 	printf 'PYTEST_TIMEOUT=%q\n' "$TC_PYTEST_TIMEOUT"
 	printf 'KO=%q\n' "${TC_KO:-$REPO/dm-tiercache/dm-tiercache.ko}"
+	# the stress test's knobs (tests/vm/test_95_stress.py), exported in the guest
+	for v in TC_STRESS_SECONDS TC_STRESS_SEED TC_STRESS_THREADS TC_STRESS_ARGS; do
+		if [ -n "${!v:-}" ]; then printf 'export %s=%q\n' "$v" "${!v}"; fi
+	done
 } >"$RES/env.sh"
 
 vng_args=(--run "/boot/vmlinuz-$KVER" --force-9p --memory "$TC_MEMORY" --cpus "$TC_CPUS"
