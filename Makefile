@@ -5,11 +5,15 @@
 #   make test         the whole test suite (installs what it needs, boots QEMU):
 #                     Debian 6.1 (tests/run.sh), then 6.12 (tests/kernel2.sh)
 #   make experiment   the flush-linearisation experiment (installs what it needs)
+#   make test-debug   kernel-facing tests on a KASAN/lockdep/kmemleak 6.1 kernel
+#                     built from linux-source-6.1 (tests/debug/run.sh; slow)
+#   make test-xfstests  fsx/fsstress and xfstests' generic list, brd vs tiercache
+#                     (tests/xfstests/run.sh; slow)
 
 KVER ?= $(shell ls /lib/modules 2>/dev/null | grep -E '^6\.1\.' | sort -V | tail -n 1)
 KDIR ?= /lib/modules/$(KVER)/build
 
-.PHONY: all module clean test test-host experiment userspace
+.PHONY: all module clean test test-host experiment userspace test-debug test-xfstests
 
 all: module
 
@@ -25,6 +29,12 @@ test-host:
 # both kernels of the matrix run even if the first fails; either failing fails
 test:
 	@rc=0; ./tests/run.sh || rc=1; ./tests/kernel2.sh || rc=1; exit $$rc
+
+test-debug:
+	./tests/debug/run.sh
+
+test-xfstests:
+	./tests/xfstests/run.sh
 
 experiment:
 	./scripts/experiment.sh
