@@ -9,7 +9,8 @@
 #
 #   tests/debug/kernel.sh          prints the build directory on its last line
 #
-# Cache: $TC_DEBUG_CACHE (default /var/cache/tiercache-debug-kernel)
+# Cache: $TC_DEBUG_CACHE (default /opt/tiercache-test/debug-kernel: the guest
+# must see the modules, and virtme-ng hides /var/cache behind a tmpfs)
 #   src-<package version>/                 the unpacked source (shared)
 #   <package version>-<config hash>/       one build per resulting .config
 # A build is reused when its .done exists; it is redone when the source
@@ -19,7 +20,7 @@ set -euo pipefail
 
 main() {
 HERE=$(cd "$(dirname "$0")" && pwd)
-CACHE=${TC_DEBUG_CACHE:-/var/cache/tiercache-debug-kernel}
+CACHE=${TC_DEBUG_CACHE:-/opt/tiercache-test/debug-kernel}
 JOBS=${TC_DEBUG_JOBS:-2}
 say() { echo "[debug-kernel] $*" >&2; }
 SUDO=
@@ -67,9 +68,12 @@ OUT=$CACHE/$VER-$HASH
 if [ -f "$OUT/.done" ]; then
 	say "reusing $OUT"
 else
-	rm -rf "$OUT"
-	mkdir -p "$OUT"
-	cp "$CFG/.config" "$OUT/.config"
+	# an interrupted build of the same .config resumes (make is incremental)
+	if ! cmp -s "$CFG/.config" "$OUT/.config"; then
+		rm -rf "$OUT"
+		mkdir -p "$OUT"
+		cp "$CFG/.config" "$OUT/.config"
+	fi
 	say "building $OUT (nice -n 19, -j$JOBS; log $OUT/build.log)"
 	t0=$(date +%s)
 	if ! nice -n 19 make -C "$SRC" O="$OUT" -j"$JOBS" bzImage modules >"$OUT/build.log" 2>&1; then

@@ -5,7 +5,7 @@
 # the kernel build takes about an hour on two cores the first time).
 #   1. tests/debug/kernel.sh: Debian's 6.1 source with a small virtme-ng config
 #      plus KASAN, PROVE_LOCKING, DEBUG_ATOMIC_SLEEP, KMEMLEAK, DEBUG_OBJECTS,
-#      cached in /var/cache/tiercache-debug-kernel (rebuilt when the source
+#      cached in /opt/tiercache-test/debug-kernel (rebuilt when the source
 #      package or the config changes)
 #   2. the module built against it, from a copy of the sources outside the
 #      repository: TC_DEBUG_SRC=dir (default dm-tiercache/) or TC_DEBUG_REV=
@@ -25,6 +25,8 @@ T0=$(date +%s)
 
 [ "${TC_SKIP_DEPS:-0}" = 1 ] || (unset KVER; "$REPO/tests/install-deps.sh")
 KDIR=$("$REPO/tests/debug/kernel.sh" | tail -n 1)
+# the real path: the guest sees the host's / but not /var/cache (tmpfs)
+KDIR=$(readlink -f "$KDIR")
 KREL=$(cat "$KDIR/include/config/kernel.release")
 say "kernel $KREL in $KDIR"
 

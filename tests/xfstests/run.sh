@@ -3,7 +3,7 @@
 #
 # `make test-xfstests`: xfstests against tiercache, in one VM boot.
 #   1. tests/xfstests/setup.sh: build xfstests from the peer tarball (cached in
-#      /var/cache/tiercache-xfstests, never in the repository)
+#      /opt/tiercache-test/xfstests, never in the repository)
 #   2. tests/vm/test_85_fsx.py for TC_FSX_SECONDS (default 600): fsx buffered,
 #      O_DIRECT and O_DIRECT+AIO plus fsstress on ext4 over a small cache with
 #      background writeback busy and a control thread racing; e2fsck -fn, drain,

@@ -8,7 +8,8 @@
 # Environment:
 #   XFSTESTS_TARBALL  default: the newest /work/shared/peers/xfstests-*.tar.xz
 #                     (or ../shared/peers relative to the repository)
-#   XFSTESTS_CACHE    default: /var/cache/tiercache-xfstests
+#   XFSTESTS_CACHE    default: /opt/tiercache-test/xfstests (the guest must see
+#                     it: virtme-ng hides /var/cache behind a tmpfs)
 set -euo pipefail
 
 main() {
@@ -16,7 +17,7 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd)
 say() { echo "[xfstests-setup] $*" >&2; }
 SUDO=
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
-CACHE=${XFSTESTS_CACHE:-/var/cache/tiercache-xfstests}
+CACHE=${XFSTESTS_CACHE:-/opt/tiercache-test/xfstests}
 
 TARBALL=${XFSTESTS_TARBALL:-}
 if [ -z "$TARBALL" ]; then
