@@ -7,11 +7,15 @@
 #   make experiment   the flush-linearisation experiment (installs what it needs)
 #   make soak         the model-checked stress test (tests/vm/stress.py) in the VM
 #                     for SOAK_SECONDS (default 3600); SOAK_SEED=N replays a seed
+#   make test-debug   kernel-facing tests on a KASAN/lockdep/kmemleak 6.1 kernel
+#                     built from linux-source-6.1 (tests/debug/run.sh; slow)
+#   make test-xfstests  fsx/fsstress and xfstests' generic list, brd vs tiercache
+#                     (tests/xfstests/run.sh; slow)
 
 KVER ?= $(shell ls /lib/modules 2>/dev/null | grep -E '^6\.1\.' | sort -V | tail -n 1)
 KDIR ?= /lib/modules/$(KVER)/build
 
-.PHONY: all module clean test test-host experiment userspace soak
+.PHONY: all module clean test test-host experiment userspace soak test-debug test-xfstests
 
 all: module
 
@@ -27,6 +31,12 @@ test-host:
 # both kernels of the matrix run even if the first fails; either failing fails
 test:
 	@rc=0; ./tests/run.sh || rc=1; ./tests/kernel2.sh || rc=1; exit $$rc
+
+test-debug:
+	./tests/debug/run.sh
+
+test-xfstests:
+	./tests/xfstests/run.sh
 
 experiment:
 	./scripts/experiment.sh

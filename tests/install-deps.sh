@@ -113,4 +113,8 @@ if ! command -v vng >/dev/null; then
 	done
 fi
 
+# xfstests (fsx, fsstress; tests/vm/test_85_fsx.py, tests/xfstests/run.sh):
+# built from the peer tarball into /opt/tiercache-test/xfstests, once
+"$REPO/tests/xfstests/setup.sh" >/dev/null
+
 say "ok: KVER=$KVER, vng $(vng --version 2>/dev/null || echo '?'), $(fio --version), $(qemu-system-x86_64 --version | head -n1)"

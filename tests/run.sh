@@ -27,6 +27,10 @@
 #   TC_CRASH=1        run the crash test even with TESTS set
 #   TC_STRESS_SECONDS, TC_STRESS_SEED, TC_STRESS_THREADS, TC_STRESS_ARGS
 #                     the stress test's run (tests/vm/test_95_stress.py, make soak)
+#   TC_KERNEL=path    what vng boots (default /boot/vmlinuz-$KVER): a kernel
+#                     image, or a kernel build directory (its modules are used;
+#                     tests/debug/run.sh boots the debug kernel this way)
+#   TC_GUEST_ENV="A B"  names of host variables exported to the guest's tests
 set -euo pipefail
 
 # The body is one function, parsed whole before it runs: editing this file
@@ -156,9 +160,13 @@ hdr "VM tests (kernel $KVER)"
 	for v in TC_STRESS_SECONDS TC_STRESS_SEED TC_STRESS_THREADS TC_STRESS_ARGS; do
 		if [ -n "${!v:-}" ]; then printf 'export %s=%q\n' "$v" "${!v}"; fi
 	done
+	for v in ${TC_GUEST_ENV:-}; do
+		[[ "$v" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || { echo "TC_GUEST_ENV: bad name $v" >&2; exit 1; }
+		[ -n "${!v+x}" ] && printf 'export %s=%q\n' "$v" "${!v}"
+	done
 } >"$RES/env.sh"
 
-vng_args=(--run "/boot/vmlinuz-$KVER" --force-9p --memory "$TC_MEMORY" --cpus "$TC_CPUS"
+vng_args=(--run "${TC_KERNEL:-/boot/vmlinuz-$KVER}" --force-9p --memory "$TC_MEMORY" --cpus "$TC_CPUS"
           --rwdir "$RES" --exec "bash $REPO/tests/vm/inside.sh $RES")
 use_kvm=0
 case "$TC_KVM" in

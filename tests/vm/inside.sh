@@ -20,6 +20,7 @@ KO=$REPO/dm-tiercache/dm-tiercache.ko
 # shellcheck disable=SC1091
 [ -f "$RES/env.sh" ] && . "$RES/env.sh"
 export TIERCACHE_KO=$KO
+export TC_RESULTS=$RES   # where a test may leave files for the host
 
 say() { echo "[inside] $*"; }
 
@@ -95,6 +96,17 @@ if [ -d /sys/module/dm_tiercache ] && [ "$(dmsetup ls 2>&1)" = "No devices found
 	rmmod dm_tiercache || say "rmmod dm_tiercache failed"
 fi
 sleep 1
+# a kernel with kmemleak (the debug kernel of tests/debug/run.sh): scan twice
+# (an object must stay unreferenced across scans), keep the report
+mountpoint -q /sys/kernel/debug || mount -t debugfs none /sys/kernel/debug 2>/dev/null
+if [ -w /sys/kernel/debug/kmemleak ]; then
+	for _ in 1 2; do
+		timeout 900 sh -c 'echo scan >/sys/kernel/debug/kmemleak' || say "kmemleak scan failed or timed out"
+		sleep 6
+	done
+	cat /sys/kernel/debug/kmemleak >"$RES/kmemleak.txt" 2>&1
+	say "kmemleak: $(grep -c '^unreferenced object' "$RES/kmemleak.txt") unreferenced object(s) (kmemleak.txt)"
+fi
 dmesg >"$RES/dmesg.txt" 2>&1
 kill "$DMESG_PID" 2>/dev/null
 echo "${rc:-1}" >"$RES/pytest-rc"

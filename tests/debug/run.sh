@@ -1,0 +1,89 @@
+#!/bin/bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# `make test-debug`: the kernel-facing suite on a debug kernel (not in CI:
+# the kernel build takes about an hour on two cores the first time).
+#   1. tests/debug/kernel.sh: Debian's 6.1 source with a small virtme-ng config
+#      plus KASAN, PROVE_LOCKING, DEBUG_ATOMIC_SLEEP, KMEMLEAK, DEBUG_OBJECTS,
+#      cached in /opt/tiercache-test/debug-kernel (rebuilt when the source
+#      package or the config changes)
+#   2. the module built against it, from a copy of the sources outside the
+#      repository: TC_DEBUG_SRC=dir (default dm-tiercache/) or TC_DEBUG_REV=
+#      <git revision> of TC_DEBUG_GIT (default this repository)
+#   3. tests/run.sh booting that kernel (TC_KERNEL) on the kernel-facing tests
+#      (TESTS overrides), then a kmemleak scan (tests/vm/inside.sh)
+#   4. fail on any KASAN, lockdep, DEBUG_OBJECTS, might_sleep or kmemleak
+#      report in the guest's kernel log (tests/debug/dmesg-debug.txt) or in
+#      kmemleak.txt; results/<stamp>/debug-report.txt
+set -euo pipefail
+
+main() {
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$REPO"
+say() { echo "[test-debug] $*"; }
+T0=$(date +%s)
+
+[ "${TC_SKIP_DEPS:-0}" = 1 ] || (unset KVER; "$REPO/tests/install-deps.sh")
+KDIR=$("$REPO/tests/debug/kernel.sh" | tail -n 1)
+# the real path: the guest sees the host's / but not /var/cache (tmpfs)
+KDIR=$(readlink -f "$KDIR")
+KREL=$(cat "$KDIR/include/config/kernel.release")
+say "kernel $KREL in $KDIR"
+
+MB=$KDIR/tiercache-module/$(date +%Y%m%d-%H%M%S)-$$
+mkdir -p "$MB"
+if [ -n "${TC_DEBUG_REV:-}" ]; then
+	git -C "${TC_DEBUG_GIT:-$REPO}" archive "$TC_DEBUG_REV" dm-tiercache | tar -C "$MB" -x
+	src="${TC_DEBUG_GIT:-$REPO} $TC_DEBUG_REV"
+else
+	cp -r "${TC_DEBUG_SRC:-$REPO/dm-tiercache}" "$MB/dm-tiercache"
+	src=${TC_DEBUG_SRC:-$REPO/dm-tiercache}
+fi
+find "$MB/dm-tiercache" \( -name '*.o' -o -name '*.ko' -o -name '.*.cmd' -o -name '*.mod*' \) -delete
+say "building the module from $src against $KDIR"
+if ! make -C "$KDIR" M="$MB/dm-tiercache" modules >"$MB/build.log" 2>&1; then
+	tail -n 40 "$MB/build.log"
+	say "module build FAILED ($MB/build.log)"
+	exit 1
+fi
+KO=$MB/dm-tiercache/dm-tiercache.ko
+
+export TC_KERNEL=$KDIR KVER=$KREL TC_KO=$KO TC_SKIP_DEPS=1 TC_SKIP_BUILD=1 TC_SKIP_HOST=1
+export TC_SKIP_CRASH=1
+export TESTS=${TESTS:-"test_00 or test_10 or test_20 or test_30 or test_40 or test_50 or test_60 or test_70 or test_flush or test_80 or test_81 or test_85"}
+export TC_MEMORY=${TC_MEMORY:-4G}
+export TC_VM_TIMEOUT=${TC_VM_TIMEOUT:-14400} TC_PYTEST_TIMEOUT=${TC_PYTEST_TIMEOUT:-13800}
+rc=0
+"$REPO/tests/run.sh" || rc=$?
+
+RES=$REPO/results/$(readlink "$REPO/results/latest")
+rep=$RES/debug-report.txt
+{
+	echo "debug kernel $KREL ($KDIR), module from $src"
+	for f in dmesg.txt dmesg-live.txt console.log; do
+		[ -f "$RES/$f" ] || continue
+		grep -a -E '^\[ *[0-9]+\.[0-9]+\] ' "$RES/$f" |
+			grep -a -E -f "$REPO/tests/debug/dmesg-debug.txt" |
+			grep -a -v -F -f "$REPO/tests/vm/dmesg-ok.txt" || true
+	done | sed -E 's/^\[ *[0-9.]+\] //' | sort -u | sed 's/^/dmesg: /'
+	if [ -s "$RES/kmemleak.txt" ]; then
+		sed 's/^/kmemleak: /' "$RES/kmemleak.txt"
+	fi
+} >"$rep"
+nbad=$(grep -c -E '^(dmesg|kmemleak): ' "$rep" || true)
+if [ ! -f "$RES/kmemleak.txt" ]; then
+	say "no kmemleak.txt: the scan did not run (guest died?)"
+	rc=1
+fi
+if [ "$nbad" -gt 0 ]; then
+	say "debug kernel reports ($nbad lines, $rep):"
+	head -n 80 "$rep"
+	rc=1
+else
+	say "no KASAN, lockdep, DEBUG_OBJECTS, might_sleep or kmemleak report"
+fi
+say "total $(( ($(date +%s) - T0) / 60 )) min; run.sh and reports: rc=$rc"
+return $rc
+}
+
+main "$@"; exit $?
