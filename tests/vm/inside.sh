@@ -20,6 +20,8 @@ KO=$REPO/dm-tiercache/dm-tiercache.ko
 # shellcheck disable=SC1091
 [ -f "$RES/env.sh" ] && . "$RES/env.sh"
 export TIERCACHE_KO=$KO
+# a build of Open CAS copied by run.sh (its tests skip without it)
+[ -z "${OPENCAS_DIR:-}" ] || export OPENCAS_DIR
 
 say() { echo "[inside] $*"; }
 
