@@ -602,16 +602,20 @@ def run_one(a, model, case, system):
 # the plan of a run and its ETA
 
 # Rough seconds per step on a 2-core machine under QEMU TCG (the
-# development machine), from the runs in docs/experiments.md: building and
-# removing a stack, fio, the flush, and reading the region back twice.
+# development machine), from the runs in docs/experiments.md, in two parts:
+# the overhead (building and removing the stack, starting fio, reading the
+# region back twice), which follows the CPU, and the work (fio and the
+# flush), which mostly waits for the slow disk or the fio cap.
 def estimate(a, model, case, system):
+    """(overhead, work) seconds of one step."""
     kind = system_args(system, case, a)[1]
     mib, region = case.fio_mib, case.region_mib
     cap = a.fio_runtime or 0
-    base = 6.0 + (case.fsize / 200.0 if a.slow_fill else 0)
-    check = region / 40.0 if a.check else 0
+    base = 25.0 + (case.fsize / 100.0 if a.slow_fill else 0)
+    if a.check and kind != "none":
+        base += region / 20.0
     if kind == "none":
-        return base + a.bare_runtime
+        return base, float(a.bare_runtime)
     delay = model == "delay"
     sparse = case.sparse
     if kind == "tiercache":
@@ -622,44 +626,55 @@ def estimate(a, model, case, system):
         # 4 KiB write misses go to the slow disk: about 10 IOPS on dm-delay
         full = mib * 256 / (10.0 if delay else 150.0)
         fio = min(cap, full) if cap else full
-        flush = 5.0 + 0.3 * fio
+        flush = 2.0 + 0.1 * fio
     elif kind == "bcache":
         fio = mib / 15.0
         flush = mib * (5.0 if delay else (2.5 if sparse else 0.6))
     else:   # opencas
         fio = mib / 15.0
-        flush = mib * (0.6 if delay else 0.6)
+        flush = mib * 0.3
     if cap:
         fio = min(fio, cap)
-    return base + fio + flush + check
+    return base, fio + flush
+
+
+def _clamp(v, lo, hi):
+    return min(hi, max(lo, v))
 
 
 class Plan:
-    """Steps of a run with estimated durations, refined as they finish:
-    the remaining steps of a system are scaled by how its finished steps
-    compared with their estimates (all finished steps for a system not
-    seen yet)."""
+    """Steps of a run with estimated durations, refined as they finish.
+    The overheads of all steps are scaled by how the finished steps'
+    overheads compared with their estimates (the machine's speed); a system
+    that has finished a step already has its remaining steps scaled by how
+    that went (its own speed)."""
 
     def __init__(self, steps, after=0.0, t0_epoch=None):
-        self.steps = steps              # [(model, case, system, estimate)]
-        self.done = []                  # [(system, estimate, actual)]
+        self.steps = steps              # [(model, case, system, (overhead, work))]
+        self.done = []                  # [(system, overhead, work, actual)]
         self.after = after              # estimate of what follows this run
         self.t0_wall = t0_epoch or time.time()
 
-    def factor(self, system):
-        mine = [(e, t) for s, e, t in self.done if s == system]
-        pool = mine or [(e, t) for _, e, t in self.done]
-        if not pool:
+    def overhead_factor(self):
+        if not self.done:
             return 1.0
-        f = sum(t for _, t in pool) / max(1e-6, sum(e for e, _ in pool))
-        return min(3.0, max(0.3, f))
+        spent = sum(max(0.0, t - w) for _, _, w, t in self.done)
+        return _clamp(spent / max(1e-6, sum(o for _, o, _, _ in self.done)), 0.5, 4.0)
+
+    def expect(self, system, est, fo):
+        o, w = est
+        mine = [(oo * fo + ww, t) for s, oo, ww, t in self.done if s == system]
+        fs = _clamp(sum(t for _, t in mine) / max(1e-6, sum(e for e, _ in mine)), 0.3, 3.0) \
+            if mine else 1.0
+        return (o * fo + w) * fs
 
     def left(self):
+        fo = self.overhead_factor()
         rest = self.steps[len(self.done):]
-        return sum(e * self.factor(s) for _, _, s, e in rest) + self.after
+        return sum(self.expect(s, est, fo) for _, _, s, est in rest) + self.after
 
-    def finish(self, system, estimate, actual):
-        self.done.append((system, estimate, actual))
+    def finish(self, system, est, actual):
+        self.done.append((system, est[0], est[1], actual))
 
     def line(self):
         el = time.time() - self.t0_wall
@@ -691,7 +706,7 @@ def make_plan(a):
 
 def cmd_plan(a):
     """Print the estimated seconds of a run with these options."""
-    print(round(sum(e for *_, e in make_plan(a)[3])))
+    print(round(sum(o + w for *_, (o, w) in make_plan(a)[3])))
     return 0
 
 
