@@ -1118,7 +1118,8 @@ def run_args(r):
     r.add_argument("--bare-runtime", type=int, default=10, help="seconds of fio on the bare slow disk")
     r.add_argument("--fio-timeout", type=int, default=7200)
     r.add_argument("--flush-timeout", type=int, default=3600)
-    r.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines")
+    r.add_argument("--progress", type=float, default=30.0,
+                   help="seconds between progress lines within a step")
     r.add_argument("--no-check", dest="check", action="store_false",
                    help="skip comparing the slow disk with the cached device after the flush")
 
