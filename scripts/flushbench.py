@@ -45,7 +45,21 @@ CASE_NOTES = {
     "first64": "256 MiB slow disk, 64 MiB of 4 KiB random writes over its first 64 MiB",
     "sparse64": "256 MiB slow disk, 64 MiB of 4 KiB random writes spread over all 256 MiB",
 }
-PEERS = ["bcache", "dm-cache", "dm-writecache"]
+PEERS = ["bcache", "dm-cache", "dm-writecache", "opencas"]
+DEFAULT_SYSTEMS = "bare,tiercache,dm-writecache,dm-cache,bcache,opencas"
+
+# The seed's published full-flush times (seconds) on dm-delay 1000 ms, for
+# 32 MiB and 64 MiB of 4 KiB random writes over a contiguous region.
+PUBLISHED = {("bcache", 32): 170, ("bcache", 64): 300,
+             ("opencas", 32): 15, ("opencas", 64): 35}
+
+
+def published(rec):
+    """The seed's figure for this record's system and case, or None."""
+    if rec.get("model") != "delay" or rec.get("delay_ms", 1000) != 1000 or \
+            rec.get("region_mib") != rec.get("fio_mib"):
+        return None
+    return PUBLISHED.get((rec.get("kind"), rec.get("fio_mib")))
 
 
 T_START = time.monotonic()
@@ -289,8 +303,49 @@ def flush_writecache(info, prog, timeout):
     return secs, None, {}
 
 
+def opencas_stats(info):
+    """casadm --stats as {field: value} (its CSV output: a header line and
+    a value line)."""
+    out = sh([info["CASADM"], "--stats", "--cache-id", info["OPENCAS_CACHE_ID"],
+              "--output-format", "csv"], timeout=60)
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    rows = list(csv.reader(lines[-2:]))
+    return dict(zip(rows[0], rows[1]))
+
+
+def opencas_dirty(info):
+    """Dirty 4 KiB blocks of the cache."""
+    st = opencas_stats(info)
+    for k, v in st.items():
+        if k.startswith("Dirty") and "4KiB" in k:
+            return int(float(v))
+    raise ValueError("no 'Dirty [4KiB Blocks]' in casadm --stats")
+
+
+def flush_opencas(info, prog, timeout):
+    """As the seed did: casadm --flush-cache, which returns when every dirty
+    line is on the core device."""
+    cmd = [info["CASADM"], "--flush-cache", "--cache-id", info["OPENCAS_CACHE_ID"]]
+
+    def progress():
+        try:
+            return f"dirty {opencas_dirty(info)} blocks"
+        except (RuntimeError, OSError, ValueError, IndexError, subprocess.TimeoutExpired) as e:
+            return f"flushing ({e})"
+    t0 = time.monotonic()
+    res = await_thread(lambda: sh(cmd), t0, prog, timeout, progress)
+    if "err" in res:
+        return time.monotonic() - t0, f"casadm --flush-cache failed: {res['err']}", {}
+    secs = res["t"] - t0
+    left = opencas_dirty(info)
+    if left:
+        return secs, f"Open CAS still has {left} dirty blocks after its flush", {}
+    return secs, None, {}
+
+
 FLUSH = {"tiercache": flush_tiercache, "bcache": flush_bcache,
-         "dm-cache": flush_dmcache, "dm-writecache": flush_writecache}
+         "dm-cache": flush_dmcache, "dm-writecache": flush_writecache,
+         "opencas": flush_opencas}
 
 
 def dirty_now(kind, info):
@@ -299,10 +354,12 @@ def dirty_now(kind, info):
             return int(dm_status(info["DM_NAME"])[3])
         if kind == "dm-cache":
             return dmcache_dirty(info["DM_NAME"])
+        if kind == "opencas":
+            return opencas_dirty(info)
         if kind == "bcache":
             kib = human_kib(read_file(f"/sys/block/{info['BCACHE_DEV']}/bcache/dirty_data"))
             return None if kib is None else int(kib / 4)
-    except (RuntimeError, OSError, ValueError, IndexError):
+    except (RuntimeError, OSError, ValueError, IndexError, subprocess.TimeoutExpired):
         pass
     return None
 
@@ -394,6 +451,8 @@ def system_args(system, case, a):
         return opts, "tiercache"
     if system == "bcache" and a.bcache_writeback_delay is not None:
         return ["--system", system, "--bcache-writeback-delay", str(a.bcache_writeback_delay)], system
+    if system == "opencas" and not a.opencas_dir:
+        raise SystemExit("flushbench: opencas needs --opencas-dir (a build by scripts/opencas.sh)")
     if system in PEERS:
         return ["--system", system], system
     raise SystemExit(f"flushbench: unknown system '{system}'")
@@ -428,10 +487,22 @@ def run_fio(dev, region_bytes, io_bytes, a, runtime, prog, slow_kname):
             "fio_bytes": job["io_bytes"], "fio_seconds": round(job["runtime"] / 1000.0, 3)}
 
 
+def step_summary(rec):
+    if rec["error"]:
+        return f"ERROR {rec['error']}"
+    if rec["kind"] == "none":
+        return f"fio {rec['fio_iops']:.0f} IOPS"
+    fl = rec.get("flush_seconds")
+    return (f"wrote {rec['absorbed_mib']:g} MiB ({rec['absorbed_pct']:g}%), flush "
+            f"{'-' if fl is None else f'{fl:.2f} s'}, {rec.get('origin_writes')} origin writes,"
+            f" check {rec['check']}")
+
+
 def run_one(a, model, case, system):
     tag = f"[{model} {case.name}] {system}:"
     rec = {"model": model, "model_desc": model_desc(a, model), "system": system,
-           "cache_kind": a.cache, "error": None, "check": "skipped"}
+           "cache_kind": a.cache, "error": None, "check": "skipped",
+           "delay_ms": a.delay_ms if model == "delay" else None}
     rec.update(case.as_dict())
     sargs, kind = system_args(system, case, a)
     rec["kind"] = kind
@@ -465,14 +536,21 @@ def run_one(a, model, case, system):
             io = min(io, region)
             rec["note"] = f"region capped to the {top_bytes} byte device"
         s0 = disk_stat(slow_k)
-        log(f"{tag} fio {io / 1048576:g} MiB of 4 KiB random writes over {region / 1048576:g} MiB")
-        rec.update(run_fio(top, region, io, a, a.bare_runtime if kind == "none" else None,
-                           prog, slow_k))
+        cap = a.bare_runtime if kind == "none" else (a.fio_runtime or None)
+        log(f"{tag} fio {io / 1048576:g} MiB of 4 KiB random writes over {region / 1048576:g} MiB"
+            f"{f' (at most {cap} s)' if cap else ''}")
+        rec.update(run_fio(top, region, io, a, cap, prog, slow_k))
+        rec["fio_cap_s"] = cap
+        rec["intended_mib"] = io / 1048576
+        rec["absorbed_mib"] = round(rec["fio_bytes"] / 1048576, 2)
+        rec["absorbed_pct"] = round(100.0 * rec["fio_bytes"] / io, 1)
+        rec["published_flush_s"] = published(rec)
         s1 = disk_stat(slow_k)
         d = stat_delta(s0, s1)
         rec.update({"origin_writes_fio": d["writes"], "origin_sectors_fio": d["sectors"],
                     "origin_merges_fio": d["merges"]})
-        log(f"{tag} fio {rec['fio_iops']:.0f} IOPS over {rec['fio_seconds']:.1f} s;"
+        log(f"{tag} fio {rec['fio_iops']:.0f} IOPS over {rec['fio_seconds']:.1f} s, wrote"
+            f" {rec['absorbed_mib']:g} of {io / 1048576:g} MiB ({rec['absorbed_pct']:g}%);"
             f" slow disk got {d['writes']} writes meanwhile")
         if kind == "none":
             return rec
@@ -520,12 +598,97 @@ def run_one(a, model, case, system):
     return rec
 
 
-def cmd_run(a):
-    if os.geteuid() != 0:
-        raise SystemExit("flushbench: run needs root")
-    for tool in ("fio", "dmsetup", "blockdev"):
-        if subprocess.run(["sh", "-c", f"command -v {tool}"], stdout=subprocess.DEVNULL).returncode:
-            raise SystemExit(f"flushbench: {tool} not found")
+# ---------------------------------------------------------------------------
+# the plan of a run and its ETA
+
+# Rough seconds per step on a 2-core machine under QEMU TCG (the
+# development machine), from the runs in docs/experiments.md, in two parts:
+# the overhead (building and removing the stack, starting fio, reading the
+# region back twice), which follows the CPU, and the work (fio and the
+# flush), which mostly waits for the slow disk or the fio cap.
+def estimate(a, model, case, system):
+    """(overhead, work) seconds of one step."""
+    kind = system_args(system, case, a)[1]
+    mib, region = case.fio_mib, case.region_mib
+    cap = a.fio_runtime or 0
+    base = 25.0 + (case.fsize / 100.0 if a.slow_fill else 0)
+    if a.check and kind != "none":
+        base += region / 20.0
+    if kind == "none":
+        return base, float(a.bare_runtime)
+    delay = model == "delay"
+    sparse = case.sparse
+    if kind == "tiercache":
+        fio, flush = mib / 60.0, (1.5 if delay else 0.02 * mib * (4 if sparse else 1))
+    elif kind == "dm-writecache":
+        fio, flush = mib / 60.0, (2.0 if delay else (1.5 * mib if sparse else 0.03 * mib))
+    elif kind == "dm-cache":
+        # 4 KiB write misses go to the slow disk: about 10 IOPS on dm-delay
+        full = mib * 256 / (10.0 if delay else 150.0)
+        fio = min(cap, full) if cap else full
+        flush = 2.0 + 0.1 * fio
+    elif kind == "bcache":
+        fio = mib / 15.0
+        flush = mib * (5.0 if delay else (2.5 if sparse else 0.6))
+    else:   # opencas
+        fio = mib / 15.0
+        flush = mib * 0.3
+    if cap:
+        fio = min(fio, cap)
+    return base, fio + flush
+
+
+def _clamp(v, lo, hi):
+    return min(hi, max(lo, v))
+
+
+class Plan:
+    """Steps of a run with estimated durations, refined as they finish.
+    The overheads of all steps are scaled by how the finished steps'
+    overheads compared with their estimates (the machine's speed); a system
+    that has finished a step already has its remaining steps scaled by how
+    that went (its own speed)."""
+
+    def __init__(self, steps, after=0.0, t0_epoch=None):
+        self.steps = steps              # [(model, case, system, (overhead, work))]
+        self.done = []                  # [(system, overhead, work, actual)]
+        self.after = after              # estimate of what follows this run
+        self.t0_wall = t0_epoch or time.time()
+
+    def overhead_factor(self):
+        if not self.done:
+            return 1.0
+        spent = sum(max(0.0, t - w) for _, _, w, t in self.done)
+        return _clamp(spent / max(1e-6, sum(o for _, o, _, _ in self.done)), 0.5, 4.0)
+
+    def expect(self, system, est, fo):
+        o, w = est
+        mine = [(oo * fo + ww, t) for s, oo, ww, t in self.done if s == system]
+        fs = _clamp(sum(t for _, t in mine) / max(1e-6, sum(e for e, _ in mine)), 0.3, 3.0) \
+            if mine else 1.0
+        return (o * fo + w) * fs
+
+    def left(self):
+        fo = self.overhead_factor()
+        rest = self.steps[len(self.done):]
+        return sum(self.expect(s, est, fo) for _, _, s, est in rest) + self.after
+
+    def finish(self, system, est, actual):
+        self.done.append((system, est[0], est[1], actual))
+
+    def line(self):
+        el = time.time() - self.t0_wall
+        left = self.left()
+        return (f"{len(self.done)}/{len(self.steps)} steps, {clock(el)} elapsed,"
+                f" ETA {clock(el + left)} (about {clock(left)} left)")
+
+
+def clock(secs):
+    secs = int(round(max(0, secs)))
+    return f"{secs // 60}:{secs % 60:02d}"
+
+
+def make_plan(a):
     cases = [Case(s, a.sparse_flush_depth) for s in a.cases.split(",") if s]
     models = [m for m in a.models.split(",") if m]
     for m in models:
@@ -537,10 +700,35 @@ def cmd_run(a):
         systems[i:i + 1] = [f"tiercache-b{b}" for b in a.tc_bridges.split(",")]
     for s in systems:
         system_args(s, cases[0], a)
+    steps = [(m, c, s, estimate(a, m, c, s)) for m in models for c in cases for s in systems]
+    return models, cases, systems, steps
+
+
+def cmd_plan(a):
+    """Print the estimated seconds of a run with these options."""
+    print(round(sum(o + w for *_, (o, w) in make_plan(a)[3])))
+    return 0
+
+
+def cmd_run(a):
+    if os.geteuid() != 0:
+        raise SystemExit("flushbench: run needs root")
+    for tool in ("fio", "dmsetup", "blockdev"):
+        if subprocess.run(["sh", "-c", f"command -v {tool}"], stdout=subprocess.DEVNULL).returncode:
+            raise SystemExit(f"flushbench: {tool} not found")
+    models, cases, systems, steps = make_plan(a)
+    if a.opencas_dir:
+        os.environ["OPENCAS_DIR"] = a.opencas_dir
+    plan = Plan(steps, a.eta_after, a.t0_epoch)
+    if a.t0_epoch:
+        # every line shows the time since the start of the whole run
+        global T_START
+        T_START = time.monotonic() - max(0.0, time.time() - a.t0_epoch)
     os.makedirs(a.out, exist_ok=True)
     out = os.path.join(a.out, f"{a.tag}.json")
     meta = {"kernel": platform.release(), "started": datetime.datetime.now().isoformat(timespec="seconds"),
             "argv": sys.argv[1:], "seed": a.seed, "cache_kind": a.cache,
+            "fio_runtime": a.fio_runtime,
             "models": {m: model_desc(a, m) for m in models},
             "cases": {c.name: c.desc() for c in cases}}
     records = []
@@ -556,13 +744,19 @@ def cmd_run(a):
     signal.signal(signal.SIGTERM, on_signal)
     # Leftovers of an interrupted run would block every create.
     subprocess.run([STACK, "remove", STACK_NAME], stdout=subprocess.DEVNULL)
+    log(f"plan: {len(steps)} steps ({len(models)} model(s) x {len(cases)} case(s) x"
+        f" {len(systems)} systems), about {clock(plan.left())} "
+        f"({'fio at most ' + str(a.fio_runtime) + ' s' if a.fio_runtime else 'every system writes everything'})")
     try:
-        for m in models:
-            for c in cases:
+        for m, c, s, est in steps:
+            if s == systems[0]:
                 log(f"== {model_desc(a, m)} | {c.name}: {c.desc()}")
-                for s in systems:
-                    records.append(run_one(a, m, c, s))
-                    save()
+            t = time.monotonic()
+            rec = run_one(a, m, c, s)
+            records.append(rec)
+            save()
+            plan.finish(s, est, time.monotonic() - t)
+            log(f"step {plan.line()} | {m} {c.name} {s}: {step_summary(rec)}")
     except KeyboardInterrupt:
         log("flushbench: interrupted; tearing down")
         subprocess.run([STACK, "remove", STACK_NAME])
@@ -592,6 +786,10 @@ def fmt(v, spec):
         return f"{v:.2f}" if v < 100 else f"{v:.0f}"
     if spec == "x":
         return f"{v:.2f}x" if v < 10 else f"{v:.0f}x"
+    if spec == "mib":
+        return f"{v:.1f}" if v < 10 else f"{v:.0f}"
+    if spec == "pct":
+        return f"{v:.1f}" if v < 10 else f"{v:.0f}"
     return f"{v:.1f}"
 
 
@@ -618,18 +816,27 @@ def add_ratios(records):
             r["time_vs_ref"] = r["writes_vs_ref"] = None
             if not ref or r["kind"] == "none" or r["error"]:
                 continue
+            if (r.get("absorbed_pct") or 100) < PARTIAL_PCT:
+                continue    # it flushed less than tiercache did: no ratio
             if r.get("flush_seconds") and ref.get("flush_seconds"):
                 r["time_vs_ref"] = r["flush_seconds"] / ref["flush_seconds"]
             if r.get("origin_writes") and ref.get("origin_writes"):
                 r["writes_vs_ref"] = r["origin_writes"] / ref["origin_writes"]
 
 
-COLUMNS = [("system", "system", None), ("fio IOPS", "fio_iops", "int"),
-           ("flush s", "flush_seconds", "s"), ("origin writes", "origin_writes", "int"),
+COLUMNS = [("system", "system", None), ("written MiB", "absorbed_mib", "mib"),
+           ("%", "absorbed_pct", "pct"), ("fio s", "fio_seconds", "s"),
+           ("fio IOPS", "fio_iops", "int"),
+           ("flush s", "flush_seconds", "s"), ("seed's s", "published_flush_s", "int"),
+           ("origin writes", "origin_writes", "int"),
            ("in flush", "origin_writes_flush", "int"), ("avg KiB", "avg_write_kb", "f"),
            ("reads", "origin_reads_flush", "int"),
            ("time/tc", "time_vs_ref", "x"), ("writes/tc", "writes_vs_ref", "x"),
            ("check", "check", None)]
+# what the bare slow disk shows
+BARE_KEYS = ("system", "absorbed_mib", "absorbed_pct", "fio_seconds", "fio_iops")
+# below this share of the intended data a system is called out under its table
+PARTIAL_PCT = 99.0
 
 
 def table_lines(rows):
@@ -638,7 +845,7 @@ def table_lines(rows):
         line = []
         for _, key, spec in COLUMNS:
             v = r.get(key)
-            if r["kind"] == "none" and key not in ("system", "fio_iops"):
+            if r["kind"] == "none" and key not in BARE_KEYS:
                 v = None
             line.append(str(v if v is not None else "-") if spec is None else fmt(v, spec))
         if r["error"]:
@@ -654,8 +861,10 @@ def table_lines(rows):
     return lines
 
 
-def print_tables(records, out, markdown=False):
+def print_tables(records, out, markdown=False, notes=()):
     add_ratios(records)
+    for n in notes:
+        print(f"\n**{n}**" if markdown else f"\n{n}", file=out)
     for (mdesc, case), rows in groups(records).items():
         r0 = rows[0]
         head = (f"{mdesc} | {case}: {r0['fsize_mib']} MiB slow disk, {r0['rsize_mib']} MiB "
@@ -671,17 +880,48 @@ def print_tables(records, out, markdown=False):
             print(f"\n{head}", file=out)
             for line in table_lines(rows):
                 print("  " + line, file=out)
-        for r in rows:
-            if r["error"]:
-                print(f"  {r['system']}: ERROR {r['error']}", file=out)
-        ref = reference(rows)
-        if ref:
-            print(f"  (x/tc = ratio to {ref['system']}; origin writes = writes the slow disk "
-                  f"completed from the start of fio to the end of the flush)", file=out)
+        if markdown:
+            print("", file=out)
+        for line in table_notes(rows):
+            print(f"{'* ' if markdown else '  '}{line}", file=out)
+
+
+def table_notes(rows):
+    """The lines under a table: errors, systems that did not write all
+    they were given within the fio cap, what the columns compare."""
+    notes = []
+    for r in rows:
+        if r["error"]:
+            notes.append(f"{r['system']}: ERROR {r['error']}")
+    for r in rows:
+        if r["kind"] == "none" or r["error"] or r.get("absorbed_pct") is None:
+            continue
+        if r["absorbed_pct"] < PARTIAL_PCT:
+            notes.append(
+                f"{r['system']} wrote only {r['absorbed_mib']:g} of {r['intended_mib']:g} MiB"
+                f" ({r['absorbed_pct']:g}%) in the {r['fio_cap_s']} s fio cap"
+                f" ({r['fio_iops']:.0f} IOPS): its flush time and request counts cover only that."
+                + (f" Its 4 KiB write misses went to the slow disk during fio"
+                   f" ({r['origin_writes_fio']} writes)." if r["kind"] == "dm-cache" else ""))
+    r0 = rows[0]
+    cap = next((r.get("fio_cap_s") for r in rows if r["kind"] != "none"), None)
+    notes.append("written MiB, % = what fio wrote through the system"
+                 + (f" within its {cap} s cap (the seed's --runtime=15, not time-based)" if cap
+                    else " (no cap: every system writes everything)")
+                 + "; origin writes = writes the slow disk completed from the start of fio to"
+                   " the end of the flush")
+    if any(r.get("published_flush_s") for r in rows):
+        notes.append("seed's s = the flush time the seed published for this case"
+                     f" ({r0['fio_mib']} MiB on dm-delay 1000 ms)")
+    ref = reference(rows)
+    if ref:
+        notes.append(f"x/tc = ratio to {ref['system']}")
+    return notes
 
 
 CSV_FIELDS = ["model", "case", "system", "fsize_mib", "rsize_mib", "fio_mib", "region_mib",
-              "cache_kind", "fio_iops", "fio_seconds", "fio_ios", "flush_seconds",
+              "cache_kind", "fio_cap_s", "intended_mib", "absorbed_mib", "absorbed_pct",
+              "fio_iops", "fio_seconds", "fio_ios", "flush_seconds", "published_flush_s",
               "origin_writes", "origin_sectors", "avg_write_kb", "origin_writes_fio",
               "origin_writes_flush", "origin_sectors_flush", "origin_merges_flush",
               "origin_reads_flush", "origin_read_sectors_flush",
@@ -714,12 +954,13 @@ def chart(records, path):
     fig, axes = plt.subplots(len(cases), 2, figsize=(13, 2.2 + 1.0 * len(systems) * len(cases)),
                              squeeze=False)
     bar_h = 0.8 / max(1, len(models))
+    seed_labelled = False
     for ci, case in enumerate(cases):
         for mi, (key, label) in enumerate(metrics):
             ax = axes[ci][mi]
             vals_all = []
             for k, mdesc in enumerate(models):
-                ys, vals = [], []
+                ys, vals, rs = [], [], []
                 for si, s in enumerate(systems):
                     r = next((x for x in records if x["case"] == case and x["model_desc"] == mdesc
                               and x["system"] == s), None)
@@ -727,12 +968,26 @@ def chart(records, path):
                     if v:
                         ys.append(si + (k - (len(models) - 1) / 2) * bar_h)
                         vals.append(v)
+                        rs.append(r)
                 ax.barh(ys, vals, height=bar_h * 0.95, color=colors[k % len(colors)],
                         label=mdesc if ci == 0 and mi == 0 else None)
-                for y, v in zip(ys, vals):
-                    ax.text(v * 1.08, y, fmt(v, "s") if key == "flush_seconds" else f"{int(v)}",
-                            va="center", fontsize=8)
+                for y, v, r in zip(ys, vals, rs):
+                    txt = fmt(v, "s") if key == "flush_seconds" else f"{int(v)}"
+                    if r.get("absorbed_pct") is not None and r["absorbed_pct"] < PARTIAL_PCT:
+                        txt += f"  (wrote {r['absorbed_pct']:g}% in {r['fio_cap_s']} s)"
+                    if key == "flush_seconds" and r.get("published_flush_s"):
+                        txt += f"  (seed: {r['published_flush_s']} s)"
+                    ax.text(v * 1.08, y, txt, va="center", fontsize=8)
                 vals_all += vals
+                if key == "flush_seconds":
+                    pub = [(y, r["published_flush_s"]) for y, r in zip(ys, rs)
+                           if r.get("published_flush_s")]
+                    if pub:
+                        ax.scatter([p for _, p in pub], [y for y, _ in pub], marker="|", s=300,
+                                   color="black", zorder=3,
+                                   label="seed's published flush time" if not seed_labelled else None)
+                        seed_labelled = True
+                        vals_all += [p for _, p in pub]
             ax.set_xscale("log")
             if vals_all:
                 ax.set_xlim(min(vals_all) / 2, max(vals_all) * 8)
@@ -746,8 +1001,12 @@ def chart(records, path):
             r0 = next(x for x in records if x["case"] == case)
             ax.set_title(f"{case}: {r0['fio_mib']} MiB over {r0['region_mib']} MiB of a "
                          f"{r0['fsize_mib']} MiB disk - {label}", fontsize=9)
-    fig.suptitle("Full flush after 4 KiB random writes (log scale, shorter is better)", fontsize=12)
-    fig.legend(loc="lower center", ncol=len(models), fontsize=9, frameon=False)
+    caps = {r.get("fio_cap_s") for r in records if r["kind"] != "none"}
+    cap = next(iter(caps)) if len(caps) == 1 else None
+    fig.suptitle("Full flush after 4 KiB random writes"
+                 + (f" (fio at most {cap} s)" if cap else "")
+                 + " - log scale, shorter is better", fontsize=12)
+    fig.legend(loc="lower center", ncol=len(models) + 1, fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, 0.04, 1, 0.97))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -773,6 +1032,13 @@ def cmd_report(a):
         raise SystemExit("flushbench: no results found in " + " ".join(a.inputs))
     add_ratios(records)
     out_dir = a.out or (a.inputs[0] if os.path.isdir(a.inputs[0]) else os.path.dirname(a.inputs[0]))
+    # what the host side had to say (experiment.sh: a peer that was skipped)
+    notes = []
+    for p in a.inputs:
+        f = os.path.join(p if os.path.isdir(p) else os.path.dirname(p), "notes.txt")
+        if os.path.exists(f):
+            with open(f) as fh:
+                notes += [ln.strip() for ln in fh if ln.strip()]
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump({"meta": metas, "records": records}, f, indent=1)
     with open(os.path.join(out_dir, "results.csv"), "w", newline="") as f:
@@ -781,10 +1047,10 @@ def cmd_report(a):
         for r in records:
             w.writerow(r)
     with open(os.path.join(out_dir, "tables.txt"), "w") as f:
-        print_tables(records, f)
+        print_tables(records, f, notes=notes)
     with open(os.path.join(out_dir, "tables.md"), "w") as f:
-        print_tables(records, f, markdown=True)
-    print_tables(records, sys.stdout)
+        print_tables(records, f, markdown=True, notes=notes)
+    print_tables(records, sys.stdout, notes=notes)
     print(f"\nflushbench: {out_dir}/results.json, results.csv, tables.txt, tables.md")
     if not a.no_chart:
         png = a.chart or os.path.join(out_dir, "flush.png")
@@ -801,14 +1067,36 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run the experiment (root, in the VM)")
+    pl = sub.add_parser("plan", help="print the estimated seconds of a run (same options)")
+    run_args(r)
+    run_args(pl)
+    p = sub.add_parser("report", help="tables, CSV and chart")
+    p.add_argument("inputs", nargs="+", help="result directories or JSON files")
+    p.add_argument("--out", help="output directory (default: the first input)")
+    p.add_argument("--chart", help="PNG path (default: OUT/flush.png)")
+    p.add_argument("--no-chart", action="store_true")
+    a = ap.parse_args()
+    return {"run": cmd_run, "plan": cmd_plan, "report": cmd_report}[a.cmd](a)
+
+
+def run_args(r):
     r.add_argument("--out", default="results/experiment", help="directory for the JSON file")
     r.add_argument("--tag", default="run", help="JSON file name (without .json)")
     r.add_argument("--models", default="delay,hdd", help="slow-disk models: delay,hdd")
     r.add_argument("--cases", default=DEFAULT_CASES,
                    help="NAME:FSIZE:RSIZE:FIOSIZE[:REGION],... in MiB (default: %(default)s)")
-    r.add_argument("--systems", default="bare,tiercache,dm-writecache,dm-cache,bcache",
+    r.add_argument("--systems", default=DEFAULT_SYSTEMS,
                    help="bare (fio on the slow disk), tiercache (one run per --tc-bridges"
-                   " value), bcache, dm-cache, dm-writecache")
+                   " value), bcache, dm-cache, dm-writecache, opencas (needs --opencas-dir)")
+    r.add_argument("--opencas-dir", default=None,
+                   help="Open CAS built by scripts/opencas.sh (cas_cache.ko and casadm)")
+    r.add_argument("--fio-runtime", type=int, default=15,
+                   help="cap every system's fio at this many seconds, as the seed did"
+                   " (fio ends then or when all is written; 0 = no cap: everything is written)")
+    r.add_argument("--t0-epoch", type=float, default=None,
+                   help="wall-clock start of the whole run (elapsed time and ETA)")
+    r.add_argument("--eta-after", type=float, default=0.0,
+                   help="estimated seconds of what follows this run (later VM boots)")
     r.add_argument("--slow-fill", type=int, choices=[0, 1], default=1,
                    help="write the whole slow disk once before each case (brd and null_blk"
                    " allocate a page on a sector's first write, a disk does not)")
@@ -830,16 +1118,10 @@ def main():
     r.add_argument("--bare-runtime", type=int, default=10, help="seconds of fio on the bare slow disk")
     r.add_argument("--fio-timeout", type=int, default=7200)
     r.add_argument("--flush-timeout", type=int, default=3600)
-    r.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines")
+    r.add_argument("--progress", type=float, default=30.0,
+                   help="seconds between progress lines within a step")
     r.add_argument("--no-check", dest="check", action="store_false",
                    help="skip comparing the slow disk with the cached device after the flush")
-    p = sub.add_parser("report", help="tables, CSV and chart")
-    p.add_argument("inputs", nargs="+", help="result directories or JSON files")
-    p.add_argument("--out", help="output directory (default: the first input)")
-    p.add_argument("--chart", help="PNG path (default: OUT/flush.png)")
-    p.add_argument("--no-chart", action="store_true")
-    a = ap.parse_args()
-    return cmd_run(a) if a.cmd == "run" else cmd_report(a)
 
 
 if __name__ == "__main__":

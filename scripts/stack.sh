@@ -6,8 +6,8 @@
 # A stack is: a slow disk (dm-delay over a RAM disk or a loop file, or an
 # HDD-like memory-backed null_blk, or an existing device), a cache device
 # (RAM disk, SSD-like loop file, or an existing device) and a cache system on
-# top (tiercache, bcache, dm-cache, dm-writecache, or none for the bare slow
-# disk).  Every resource is recorded under $TC_STACK_STATE/<name>/ the moment
+# top (tiercache, bcache, dm-cache, dm-writecache, Open CAS, or none for the
+# bare slow disk).  Every resource is recorded under $TC_STACK_STATE/<name>/ the moment
 # it exists, so 'remove' (and the automatic clean-up after a failed 'create')
 # removes exactly what was built, in reverse order.
 #
@@ -36,14 +36,16 @@ Usage:
   stack.sh list                    list the stacks
 
 Cache system:
-  --system S         tiercache | bcache | dm-cache | dm-writecache | none
-                     (none = the bare slow disk)            [tiercache]
+  --system S         tiercache | bcache | dm-cache | dm-writecache | opencas
+                     | none (none = the bare slow disk)     [tiercache]
   --mode M           writeback | writethrough | passthrough (tiercache,
                      dm-cache); writeback | writethrough | writearound
-                     (bcache)                               [writeback]
+                     (bcache); writeback | writethrough | writearound |
+                     passthrough | writeonly (opencas)      [writeback]
   --block-kb N       cache block: tiercache 4-1024 (power of two) [4],
                      dm-cache 32-1048576 (multiple of 32) [32],
-                     dm-writecache 1, 2 or 4 [4], bcache 1-64 [4]
+                     dm-writecache 1, 2 or 4 [4], bcache 1-64 [4],
+                     opencas cache line 4, 8, 16, 32 or 64 [4]
   --opt KEY=VALUE    extra table key: tiercache and dm-writecache optional
                      args, dm-cache policy args (repeatable), for example
                      --opt bridge_gap_kb=64 --opt flush_depth=512
@@ -83,7 +85,17 @@ Cache device:
 
 Environment: TC_STACK_STATE (state directory, default /run/tiercache-stack),
 TIERCACHE_KO (module to insmod when the tiercache target is not loaded,
-default dm-tiercache/dm-tiercache.ko of this repository).
+default dm-tiercache/dm-tiercache.ko of this repository), OPENCAS_DIR
+(a build of Open CAS by scripts/opencas.sh: cas_cache.ko is insmodded from
+there when not loaded, and its casadm is used; without it, casadm from PATH
+and 'modprobe cas_cache').
+
+Open CAS: the cache starts with 'casadm --start-cache --cache-mode wb
+--cache-line-size 4 --force', the slow disk is added with 'casadm
+--add-core' and the exported core device (/dev/casN-1) is the top device.
+casadm accepts device paths under /dev/disk/by-id only, so the stack links
+its two devices there (tcstack-NAME-cache, tcstack-NAME-core).  'remove'
+stops the cache without flushing (--no-data-flush).
 
 'create' is idempotent: the same NAME with the same options reports the
 existing stack; different options are refused.  A failed 'create' removes
@@ -314,6 +326,87 @@ bcache_stop() {	# bcache_stop SLOWKNAME CACHEKNAME CSET
 }
 
 # ---------------------------------------------------------------------------
+# Open CAS (built by scripts/opencas.sh, or installed)
+
+CASADM=""
+opencas_tools() {
+	if [ -n "${OPENCAS_DIR:-}" ]; then
+		[ -x "$OPENCAS_DIR/casadm" ] && [ -f "$OPENCAS_DIR/cas_cache.ko" ] ||
+			tc_die "OPENCAS_DIR=$OPENCAS_DIR has no casadm and cas_cache.ko (build them with scripts/opencas.sh build)"
+		CASADM=$OPENCAS_DIR/casadm
+	else
+		CASADM=$(command -v casadm) ||
+			tc_die "casadm not found: build Open CAS with scripts/opencas.sh build and set OPENCAS_DIR"
+	fi
+}
+
+ensure_opencas() {
+	local i
+	if ! tc_module_loaded cas_cache; then
+		if [ -n "${OPENCAS_DIR:-}" ]; then
+			insmod "$OPENCAS_DIR/cas_cache.ko" 2>/dev/null ||
+				tc_die "insmod $OPENCAS_DIR/cas_cache.ko failed (see dmesg)"
+		else
+			tc_modprobe cas_cache
+		fi
+	fi
+	for i in $(seq 100); do
+		[ -c /dev/cas_ctrl ] && return 0
+		sleep 0.1
+	done
+	tc_die "cas_cache is loaded but /dev/cas_ctrl did not appear"
+}
+
+# opencas_link ROLE DEV: a /dev/disk/by-id link to DEV (casadm takes no
+# other paths); prints it.
+opencas_link() {
+	local link=/dev/disk/by-id/tcstack-$NAME-$1
+	mkdir -p /dev/disk/by-id
+	[ ! -e "$link" ] && [ ! -L "$link" ] || tc_die "$link already exists"
+	res_add link "$link"
+	ln -s "/dev/$(tc_kname "$2")" "$link"
+	echo "$link"
+}
+
+opencas_stop() {	# opencas_stop CACHE_ID CASADM
+	local casadm=$2
+	[ -e "/sys/module/cas_cache" ] || return 0
+	"$casadm" --list-caches --output-format csv 2>/dev/null |
+		awk -F, -v id="$1" '$1 == "cache" && $2 == id { f = 1 } END { exit !f }' || return 0
+	timeout 120 "$casadm" --stop-cache --cache-id "$1" --no-data-flush >/dev/null 2>&1 || {
+		tc_warn "casadm --stop-cache --cache-id $1 failed"
+		return 1
+	}
+}
+
+create_opencas() {
+	local slow=$1 cache=$2 id used out mode core_link cache_link i
+	ensure_opencas
+	used=$("$CASADM" --list-caches --output-format csv 2>/dev/null |
+		awk -F, '$1 == "cache" { print $2 }')
+	id=1
+	while grep -qx "$id" <<<"$used"; do id=$((id + 1)); done
+	case $MODE in
+	writeback) mode=wb ;; writethrough) mode=wt ;; writearound) mode=wa ;;
+	passthrough) mode=pt ;; writeonly) mode=wo ;;
+	esac
+	cache_link=$(opencas_link cache "$cache")
+	core_link=$(opencas_link core "$slow")
+	tc_zero_head "$cache" 1
+	res_add opencas "$id" "$CASADM"
+	out=$("$CASADM" --start-cache --cache-device "$cache_link" --cache-id "$id" \
+		--cache-mode "$mode" --cache-line-size "$BLOCK_KB" --force 2>&1) ||
+		tc_die "casadm --start-cache failed: $out"
+	out=$("$CASADM" --add-core --cache-id "$id" --core-id 1 --core-device "$core_link" 2>&1) ||
+		tc_die "casadm --add-core failed: $out"
+	tc_wait_block "cas$id-1" || tc_die "/dev/cas$id-1 did not appear"
+	info_add TOP_DEV "/dev/cas$id-1"
+	info_add OPENCAS_CACHE_ID "$id"
+	info_add CASADM "$CASADM"
+	info_add TABLE "casadm --start-cache --cache-device $cache_link --cache-id $id --cache-mode $mode --cache-line-size $BLOCK_KB --force; casadm --add-core --cache-id $id --core-id 1 --core-device $core_link"
+}
+
+# ---------------------------------------------------------------------------
 # Teardown
 
 teardown() {	# teardown NAME: remove the resources of a stack, newest first
@@ -327,6 +420,8 @@ teardown() {	# teardown NAME: remove the resources of a stack, newest first
 			case $kind in
 			dm) tc_dm_remove "$a" || failed+=("$line") ;;
 			bcache) bcache_stop "$a" "$b" "${c:-}" || failed+=("$line") ;;
+			opencas) opencas_stop "$a" "$b" || failed+=("$line") ;;
+			link) [ ! -L "$a" ] || rm -f "$a" ;;
 			loop)
 				if [ "$(losetup -nO BACK-FILE "$a" 2>/dev/null | sed 's/ *(deleted)$//; s/^ *//; s/ *$//')" = "$b" ]; then
 					losetup -d "$a" || failed+=("$line")
@@ -406,8 +501,8 @@ parse_create() {
 validate_create() {
 	local slow_bytes cache_bytes ram_mib=0 mem_mib
 	case $SYSTEM in
-	tiercache | bcache | dm-cache | dm-writecache | none) ;;
-	*) tc_die "unknown system '$SYSTEM' (tiercache, bcache, dm-cache, dm-writecache or none)" ;;
+	tiercache | bcache | dm-cache | dm-writecache | opencas | none) ;;
+	*) tc_die "unknown system '$SYSTEM' (tiercache, bcache, dm-cache, dm-writecache, opencas or none)" ;;
 	esac
 	case $SLOW in
 	delay | hdd) ;;
@@ -490,6 +585,15 @@ validate_create() {
 		[[ $MODE =~ ^(writeback|writethrough|writearound)$ ]] ||
 			tc_die "invalid mode '$MODE' for bcache (writeback, writethrough or writearound)"
 		((${#OPTS[@]} == 0)) || tc_die "--opt does not apply to bcache" ;;
+	opencas)
+		BLOCK_KB=${BLOCK_KB:-4}
+		[[ $BLOCK_KB =~ ^(4|8|16|32|64)$ ]] ||
+			tc_die "invalid block size ${BLOCK_KB} KiB for opencas (cache line 4, 8, 16, 32 or 64)"
+		((CACHE_MIB >= 64)) || tc_die "cache too small: Open CAS needs at least 64 MiB (its metadata)"
+		MODE=${MODE:-writeback}
+		[[ $MODE =~ ^(writeback|writethrough|writearound|passthrough|writeonly)$ ]] ||
+			tc_die "invalid mode '$MODE' for opencas (writeback, writethrough, writearound, passthrough or writeonly)"
+		((${#OPTS[@]} == 0)) || tc_die "--opt does not apply to opencas" ;;
 	none)
 		[ -z "$MODE" ] || tc_die "--mode does not apply to --system none"
 		((${#OPTS[@]} == 0)) || tc_die "--opt does not apply to --system none" ;;
@@ -565,6 +669,7 @@ cmd_create() {
 	tc_need_cmd blockdev util-linux
 	[ "$SYSTEM" != bcache ] || tc_need_cmd make-bcache bcache-tools
 	[ "$SYSTEM" != bcache ] || tc_need_cmd bcache-super-show bcache-tools
+	[ "$SYSTEM" != opencas ] || opencas_tools
 
 	lock_state
 	local params
@@ -720,6 +825,8 @@ cmd_create() {
 		info_add TABLE "$table" ;;
 	bcache)
 		create_bcache "$slow_dev" "$cache_dev" ;;
+	opencas)
+		create_opencas "$slow_dev" "$cache_dev" ;;
 	esac
 
 	touch "$SD/complete"

@@ -165,6 +165,16 @@ hdr "VM tests (kernel $KVER)"
 		[ -n "${!v+x}" ] && printf 'export %s=%q\n' "$v" "${!v}"
 	done
 } >"$RES/env.sh"
+# Open CAS, when scripts/opencas.sh has built it for this kernel (make
+# experiment does): a copy beside the results, where the VM sees it.  The
+# tests that need it skip without it.
+oc_dir=$(ls -1td /var/cache/tiercache-peers/*-"$KVER" 2>/dev/null | head -n 1 || true)
+if [ -n "${OPENCAS_DIR:-}" ] || { [ -n "$oc_dir" ] && [ -f "$oc_dir/ok" ]; }; then
+	oc_dir=${OPENCAS_DIR:-$oc_dir}
+	mkdir -p "$RES/opencas"
+	cp "$oc_dir/cas_cache.ko" "$oc_dir/casadm" "$RES/opencas/" &&
+		printf 'OPENCAS_DIR=%q\n' "$RES/opencas" >>"$RES/env.sh"
+fi
 
 vng_args=(--run "${TC_KERNEL:-/boot/vmlinuz-$KVER}" --force-9p --memory "$TC_MEMORY" --cpus "$TC_CPUS"
           --rwdir "$RES" --exec "bash $REPO/tests/vm/inside.sh $RES")

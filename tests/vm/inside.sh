@@ -21,6 +21,8 @@ KO=$REPO/dm-tiercache/dm-tiercache.ko
 [ -f "$RES/env.sh" ] && . "$RES/env.sh"
 export TIERCACHE_KO=$KO
 export TC_RESULTS=$RES   # where a test may leave files for the host
+# a build of Open CAS copied by run.sh (its tests skip without it)
+[ -z "${OPENCAS_DIR:-}" ] || export OPENCAS_DIR
 
 say() { echo "[inside] $*"; }
 

@@ -7,7 +7,9 @@ devices are refused with a clear message and no side effect; a failure in
 the middle of a build removes what was built.
 """
 
+import glob
 import os
+import platform
 import re
 import subprocess
 from pathlib import Path
@@ -20,6 +22,25 @@ STATE = "/run/tiercache-stack-pytest"
 ENV = dict(os.environ, TC_STACK_STATE=STATE, LC_ALL="C")
 NAME = "fbt"
 MiB = 1 << 20
+
+
+def opencas_build():
+    """A build of Open CAS for this kernel by scripts/opencas.sh (OPENCAS_DIR,
+    or the newest one in its cache directory), or None."""
+    d = os.environ.get("OPENCAS_DIR")
+    if d:
+        return d
+    done = sorted(glob.glob(f"/var/cache/tiercache-peers/*-{platform.release()}/ok"),
+                  key=os.path.getmtime)
+    return os.path.dirname(done[-1]) if done else None
+
+
+def need_opencas():
+    d = opencas_build()
+    if not d:
+        pytest.skip("Open CAS not built for this kernel (scripts/opencas.sh build, or set OPENCAS_DIR)")
+    ENV["OPENCAS_DIR"] = d
+    return d
 
 
 def stack(*args, check=True, timeout=180):
@@ -101,6 +122,7 @@ COMBOS = [
     ("bcache", "delay-ram", "ram"), ("bcache", "hdd", "ssd"),
     ("dm-cache", "delay-ram", "ram"), ("dm-cache", "hdd", "ssd"),
     ("dm-writecache", "delay-ram", "ram"), ("dm-writecache", "hdd", "ssd"),
+    ("opencas", "delay-ram", "ram"), ("opencas", "hdd", "ssd"),
 ]
 
 
@@ -109,8 +131,12 @@ COMBOS = [
 def test_build_use_teardown(request, clean, system, slow, cache):
     if system == "tiercache":
         request.getfixturevalue("tc_module")
+    if system == "opencas":
+        need_opencas()
+    # Open CAS wants at least 64 MiB of cache (its metadata)
+    csize = 64 if system == "opencas" else 32
     args = ["create", NAME, "--system", system, "--slow-size", "24M",
-            "--cache", cache, "--cache-size", "32M"] + SLOW[slow]
+            "--cache", cache, "--cache-size", f"{csize}M"] + SLOW[slow]
     info = info_of(stack(*args).stdout)
     top, slow_dev = info["TOP_DEV"], info["SLOW_DEV"]
     assert Path(top).is_block_device() and Path(slow_dev).is_block_device()
@@ -126,6 +152,17 @@ def test_build_use_teardown(request, clean, system, slow, cache):
         target = {"tiercache": "tiercache", "dm-cache": "cache", "dm-writecache": "writecache"}
         assert sh(f"dmsetup table {NAME}").split()[2] == target[system]
         assert blk_sectors(info["CACHE_DEV"]) == 32 * 2048
+    if system == "opencas":
+        # the seed's set-up: write-back, 4 KiB cache lines, the slow disk
+        # as the core behind the exported /dev/casN-1
+        cid = info["OPENCAS_CACHE_ID"]
+        assert top == f"/dev/cas{cid}-1"
+        lst = sh(f"{info['CASADM']} --list-caches --output-format csv")
+        cache_row = next(ln.split(",") for ln in lst.splitlines() if ln.startswith(f"cache,{cid},"))
+        assert cache_row[-1] == "wb", lst
+        assert Path(f"/dev/disk/by-id/tcstack-{NAME}-core").resolve() == Path(slow_dev).resolve()
+        params = sh(f"{info['CASADM']} --stats --cache-id {cid} --output-format csv")
+        assert "4 KiB" in params or "Cache line size [KiB]" in params, params
     if slow.startswith("delay"):
         assert sh(f"dmsetup table {NAME}-slow").split()[2] == "delay"
     else:
@@ -134,6 +171,13 @@ def test_build_use_teardown(request, clean, system, slow, cache):
         assert (cfg / "memory_backed").read_text().strip() == "1"
         assert "[mq-deadline]" in Path(f"/sys/block/{info['SLOW_KNAME']}/queue/scheduler").read_text()
     read_write_check(top)
+    if system == "opencas":
+        # write-back: the data sits dirty in the cache, none on the slow disk
+        st = sh(f"{info['CASADM']} --stats --cache-id {info['OPENCAS_CACHE_ID']} --output-format csv")
+        hdr, val = [ln.split(",") for ln in st.strip().splitlines()[-2:]]
+        dirty = dict(zip(hdr, val))
+        assert int(float(next(v for k, v in dirty.items()
+                              if k.startswith("Dirty") and "4KiB" in k))) == 256, st
     assert NAME in stack("list").stdout
     # same parameters again: the existing stack is reported, nothing built
     again = stack(*args)
@@ -172,6 +216,9 @@ BAD = [
     (["--system", "dm-writecache", "--mode", "writeback"], r"does not apply to dm-writecache"),
     (["--system", "none", "--opt", "a=1"], r"--opt does not apply"),
     (["--bcache-writeback-delay", "1"], r"applies to bcache only"),
+    (["--system", "opencas", "--block-kb", "12"], r"opencas \(cache line 4, 8, 16, 32 or 64\)"),
+    (["--system", "opencas", "--cache-size", "32M"], r"Open CAS needs at least 64 MiB"),
+    (["--system", "opencas", "--mode", "wb"], r"invalid mode 'wb' for opencas"),
     (["--hdd-depth", "0"], r"queue depth .* from 1 to 4096"),
     (["--hdd-sched", "cfq"], r"unknown I/O scheduler 'cfq'"),
     (["--write-delay-ms", "-5"], r"invalid write delay"),
@@ -326,3 +373,31 @@ def test_slow_fill_and_dm_ioctls(request, clean, slow):
     assert new_ev > ev
     assert text.split() == sh(f"dmsetup status {name}").split()[3:]
     stack("remove", NAME)
+
+
+def test_opencas_build_refusals(tmp_path):
+    """scripts/opencas.sh says plainly why it cannot build Open CAS (the
+    experiment prints that line and goes on without it), and builds
+    nothing into its cache then."""
+    tool = REPO / "scripts" / "opencas.sh"
+    env = dict(ENV, OPENCAS_CACHE=str(tmp_path / "cache"))
+
+    def build(*args, **extra):
+        return subprocess.run([str(tool), "build", *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, timeout=120,
+                              env=dict(env, **extra))
+    p = build(OPENCAS_SRC="/nonexistent/open-cas.tar.xz")
+    assert p.returncode != 0 and p.stdout == ""
+    assert p.stderr.strip().splitlines()[-1] == \
+        "opencas.sh: error: OPENCAS_SRC=/nonexistent/open-cas.tar.xz: no such file", p.stderr
+    p = build("0.0.0-none")
+    assert p.returncode != 0 and "no kernel headers for 0.0.0-none" in p.stderr, p.stderr
+    # a tarball that is not an Open CAS source tree
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "README").write_text("not open cas\n")
+    bogus = tmp_path / "open-cas-linux-0.tar.xz"
+    subprocess.run(["tar", "-cJf", str(bogus), "-C", str(tmp_path), "x"], check=True)
+    p = build(OPENCAS_SRC=str(bogus))
+    assert p.returncode != 0 and p.stdout == ""
+    assert f"{bogus} has no configure script" in p.stderr, p.stderr
+    assert not list((tmp_path / "cache").glob("*/ok"))
