@@ -31,8 +31,9 @@ PKGS=(
 	# in-VM tools (the guest sees the host's root file system)
 	fio libaio1 dmsetup kmod udev util-linux procps coreutils lvm2
 	python3 python3-pytest python3-pip
-	# the metadata decoder's fuzzer (libFuzzer)
-	clang
+	# the metadata decoder's fuzzer (libFuzzer: clang's runtime libraries are
+	# only a recommendation of clang, which --no-install-recommends skips)
+	clang libclang-rt-14-dev
 )
 
 # The Rust userspace tool (userspace/): bindgen needs libclang and
