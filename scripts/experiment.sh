@@ -163,8 +163,9 @@ if [[ ,$SYSTEMS, == *,opencas,* ]]; then
 	if oc_out=$("$REPO/scripts/opencas.sh" build "$KVER" 2>"$OUT/opencas-build.txt") &&
 		OPENCAS_DIR=$(sed -n 's/^OPENCAS_DIR=//p' <<<"$oc_out") && [ -n "$OPENCAS_DIR" ]; then
 		say "Open CAS: $(tail -n 1 "$OUT/opencas-build.txt" | sed 's/^opencas.sh: //'); $(grep -E '^version:' "$OPENCAS_DIR/ok")"
-		# The VM is given its copy beside the results (its /var is an
-		# overlay that does not show the host's cache directory).
+		# The VM is given a copy beside the results: it did not find the
+		# files in the host's cache directory (virtme-ng mounts an overlay
+		# on /var).
 		rm -rf "$OUT/opencas"
 		mkdir -p "$OUT/opencas"
 		cp "$OPENCAS_DIR/cas_cache.ko" "$OPENCAS_DIR/casadm" "$OPENCAS_DIR/ok" "$OUT/opencas/"

@@ -977,7 +977,8 @@ def chart(records, path):
                         txt += f"  (wrote {r['absorbed_pct']:g}% in {r['fio_cap_s']} s)"
                     if key == "flush_seconds" and r.get("published_flush_s"):
                         txt += f"  (seed: {r['published_flush_s']} s)"
-                    ax.text(v * 1.08, y, txt, va="center", fontsize=8)
+                    pub = r.get("published_flush_s") if key == "flush_seconds" else None
+                    ax.text(max(v, pub or 0) * 1.12, y, txt, va="center", fontsize=8)
                 vals_all += vals
                 if key == "flush_seconds":
                     pub = [(y, r["published_flush_s"]) for y, r in zip(ys, rs)

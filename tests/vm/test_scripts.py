@@ -7,6 +7,7 @@ devices are refused with a clear message and no side effect; a failure in
 the middle of a build removes what was built.
 """
 
+import csv
 import glob
 import os
 import platform
@@ -33,6 +34,14 @@ def opencas_build():
     done = sorted(glob.glob(f"/var/cache/tiercache-peers/*-{platform.release()}/ok"),
                   key=os.path.getmtime)
     return os.path.dirname(done[-1]) if done else None
+
+
+def opencas_stats(info):
+    """casadm --stats of a stack's cache as {column: value} (CSV: a header
+    line and a value line)."""
+    out = sh(f"{info['CASADM']} --stats --cache-id {info['OPENCAS_CACHE_ID']} --output-format csv")
+    rows = list(csv.reader([ln for ln in out.splitlines() if ln.strip()]))
+    return dict(zip(rows[-2], rows[-1]))
 
 
 def need_opencas():
@@ -158,11 +167,13 @@ def test_build_use_teardown(request, clean, system, slow, cache):
         cid = info["OPENCAS_CACHE_ID"]
         assert top == f"/dev/cas{cid}-1"
         lst = sh(f"{info['CASADM']} --list-caches --output-format csv")
-        cache_row = next(ln.split(",") for ln in lst.splitlines() if ln.startswith(f"cache,{cid},"))
-        assert cache_row[-1] == "wb", lst
-        assert Path(f"/dev/disk/by-id/tcstack-{NAME}-core").resolve() == Path(slow_dev).resolve()
-        params = sh(f"{info['CASADM']} --stats --cache-id {cid} --output-format csv")
-        assert "4 KiB" in params or "Cache line size [KiB]" in params, params
+        rows = list(csv.DictReader(lst.splitlines()))
+        cache_row = next(r for r in rows if r["type"] == "cache" and r["id"] == cid)
+        assert cache_row["write policy"] == "wb", lst
+        # the by-id link casadm was given is the slow disk (same device
+        # number: /dev/mapper nodes are not symlinks without udev)
+        assert os.stat(f"/dev/disk/by-id/tcstack-{NAME}-core").st_rdev == os.stat(slow_dev).st_rdev
+        assert opencas_stats(info)["Cache line size [KiB]"] == "4"
     if slow.startswith("delay"):
         assert sh(f"dmsetup table {NAME}-slow").split()[2] == "delay"
     else:
@@ -173,11 +184,8 @@ def test_build_use_teardown(request, clean, system, slow, cache):
     read_write_check(top)
     if system == "opencas":
         # write-back: the data sits dirty in the cache, none on the slow disk
-        st = sh(f"{info['CASADM']} --stats --cache-id {info['OPENCAS_CACHE_ID']} --output-format csv")
-        hdr, val = [ln.split(",") for ln in st.strip().splitlines()[-2:]]
-        dirty = dict(zip(hdr, val))
-        assert int(float(next(v for k, v in dirty.items()
-                              if k.startswith("Dirty") and "4KiB" in k))) == 256, st
+        st = opencas_stats(info)
+        assert int(float(st["Dirty [4KiB Blocks]"])) == 256, st
     assert NAME in stack("list").stdout
     # same parameters again: the existing stack is reported, nothing built
     again = stack(*args)
