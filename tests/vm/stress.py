@@ -32,6 +32,7 @@ Rules:
              candidates (or an unknown content) with no write or discard
              to that sector overlapping it, later reads see the same until
              the next write: a device's content does not change by itself
+             (--no-pin: off; --lax-discard: off after partial-block discards)
   eio        an IO error outside a fault window (+ grace)
   hang       an IO or control step exceeds --deadline
   control    a control command refused that must not be (only a
@@ -157,6 +158,7 @@ class Model:
         self.wids = itertools.count(1)
         self.read_starts = {}           # thread -> logical start of its read in flight
         self.pin = pin
+        self.lax_discard = False
         self.pins = 0
         self.unknown_sectors = 0
 
@@ -232,6 +234,9 @@ class Model:
                     continue            # unambiguous already
                 if any(c.end is None or c.end >= rs for c in lst):
                     continue            # a write/discard overlapped this read
+                if self.lax_discard and any(c.kind == "d" and c.desc.endswith("partial")
+                                            for c in live):
+                    continue
                 why = "of " + ", ".join(map(repr, live))
                 if obs[0] == "w":
                     p = Cand("o", obs[1], rs, re_, True, desc=why)
@@ -740,6 +745,7 @@ class Stress:
         lo = r.randrange(0, self.nsect - hot + 1) // self.block_sectors * self.block_sectors
         self.hot = (lo, lo + hot)
         self.model = Model(self.nsect, pin=not a.no_pin)
+        self.model.lax_discard = a.lax_discard
         self.log(f"seed {a.seed}: block {self.block_sectors} sectors, cache {a.cache_kib} KiB "
                  f"= {self.slots} slots, origin {a.origin_mib} MiB (delay r {self.read_ms} ms "
                  f"w {self.write_ms} ms), hot sectors [{self.hot[0]}, {self.hot[1]}), "
@@ -990,6 +996,9 @@ def main(argv=None):
     p.add_argument("--block", type=int, default=0, help="block sectors (default: by seed)")
     p.add_argument("--no-pin", action="store_true",
                    help="do not enforce the 'stable' rule (ambiguous contents pinned by a read)")
+    p.add_argument("--lax-discard", action="store_true",
+                   help="no 'stable' rule for sectors whose ambiguity comes from a partial-block "
+                        "discard (old data first, zeroes after an eviction)")
     p.add_argument("--progress", type=float, default=60, help="progress line interval (s)")
     a = p.parse_args(argv)
     if a.seed is None:
