@@ -625,20 +625,26 @@ void tc_io_work(struct work_struct *w)
 /* ---- discards ---- */
 
 /*
- * Drop every cached copy in [first, end), which the caller holds as a
- * range (no other holder is inside).  A block in a writeback request is
- * waited for: once dropped, a write around the cache must not be
- * overtaken by the request's older copy.  Returns true if a dropped slot
- * may be dirty on disk: a commit must record it before the discard ends,
- * or a crash would bring the old data back over anything written later.
+ * Drop the cached copies in [lo, hi), which the caller holds as a range (no
+ * other holder is inside).  Blocks wholly inside the discard, [first, end),
+ * are dropped; a block it covers in part is dropped only if clean (the
+ * origin is about to change under it): a dirty one keeps its newer copy,
+ * which writeback writes whole.  A block in a writeback request is waited
+ * for: once dropped, a write around the cache must not be overtaken by the
+ * request's older copy.  Returns true if a dropped slot may be dirty on
+ * disk: a commit must record it before the discard ends, or a crash would
+ * bring the old data back over anything written later.
  */
-static bool tc_discard_range(struct tc_cache *c, u64 first, u64 end)
+static bool tc_discard_range(struct tc_cache *c, u64 lo, u64 hi, u64 first,
+			     u64 end)
 {
 	struct tc_entry *e;
 	unsigned long idx;
 	bool commit = false;
 
-	xa_for_each_range(&c->index, idx, e, first, end - 1) {
+	xa_for_each_range(&c->index, idx, e, lo, hi - 1) {
+		if ((idx < first || idx >= end) && tc_is_dirty(c, idx))
+			continue;
 		wait_event_idle(c->locks.wait,
 				!test_bit(TC_E_WB, &e->flags));
 		commit |= tc_meta_disk_dirty(c, tc_slot_of(c, e));
@@ -649,10 +655,10 @@ static bool tc_discard_range(struct tc_cache *c, u64 first, u64 end)
 }
 
 /*
- * Hold the blocks wholly inside the discard, drop their cached copies,
- * commit if that is needed, then pass the discard down.  The range is held
- * until the origin has discarded (tc_end_io()), so no promotion or bridge
- * filler brings the old data back.
+ * Hold the blocks the discard touches, drop their cached copies, commit if
+ * that is needed, then pass the discard down.  The range is held until
+ * the origin has discarded (tc_end_io()), so no promotion or bridge filler
+ * brings the old data back.
  */
 static void tc_discard(struct tc_cache *c, struct bio *bio)
 {
@@ -661,11 +667,15 @@ static void tc_discard(struct tc_cache *c, struct bio *bio)
 	u64 first = (start + c->block_sectors - 1) >> c->block_shift;
 	u64 end = min_t(u64, bio_end_sector(bio) >> c->block_shift,
 			c->nr_blocks);
+	u64 lo = start >> c->block_shift;
+	u64 hi = min_t(u64, (bio_end_sector(bio) + c->block_sectors - 1) >>
+			    c->block_shift, c->nr_blocks);
 
-	if (first < end) {
-		tc_range_lock(&c->locks, &pb->range, first, end);
+	if (lo < hi) {
+		tc_range_lock(&c->locks, &pb->range, lo, hi);
 		pb->discard = true;
-		if (tc_discard_range(c, first, end) && tc_meta_commit(c)) {
+		if (tc_discard_range(c, lo, hi, first, end) &&
+		    tc_meta_commit(c)) {
 			bio_io_error(bio);
 			return;
 		}
