@@ -62,14 +62,17 @@ if [ -n "$missing" ]; then
 	echo "$missing" >&2
 	[ "${TC_DEBUG_ALLOW_MISSING:-0}" = 1 ] || exit 1
 fi
-HASH=$(grep -v '^#' "$CFG/.config" | grep . | sort | sha256sum | cut -c1-12)
+# what the installed tools report (pahole: BTF is off) does not make
+# another kernel
+HASH=$(grep -v -E '^#|^CONFIG_PAHOLE_VERSION=' "$CFG/.config" | grep . | sort | sha256sum | cut -c1-12)
 OUT=$CACHE/$VER-$HASH
 
 if [ -f "$OUT/.done" ]; then
 	say "reusing $OUT"
 else
 	# an interrupted build of the same .config resumes (make is incremental)
-	if ! cmp -s "$CFG/.config" "$OUT/.config"; then
+	if ! cmp -s <(grep -v '^CONFIG_PAHOLE_VERSION=' "$CFG/.config") \
+		    <(grep -v '^CONFIG_PAHOLE_VERSION=' "$OUT/.config" 2>/dev/null); then
 		rm -rf "$OUT"
 		mkdir -p "$OUT"
 		cp "$CFG/.config" "$OUT/.config"

@@ -54,9 +54,13 @@ export TESTS=${TESTS:-"test_00 or test_10 or test_20 or test_30 or test_40 or te
 export TC_MEMORY=${TC_MEMORY:-4G}
 export TC_VM_TIMEOUT=${TC_VM_TIMEOUT:-14400} TC_PYTEST_TIMEOUT=${TC_PYTEST_TIMEOUT:-13800}
 rc=0
-"$REPO/tests/run.sh" || rc=$?
-
-RES=$REPO/results/$(readlink "$REPO/results/latest")
+out=$(mktemp)
+"$REPO/tests/run.sh" | tee "$out" || rc=$?
+# this run's directory (results/latest may name another run started since)
+stamp=$(grep -a -o -m1 'results: results/[^ ]*' "$out" | sed 's|results: results/||')
+rm -f "$out"
+[ -n "$stamp" ] || { say "no results directory in run.sh's output"; return 1; }
+RES=$REPO/results/$stamp
 rep=$RES/debug-report.txt
 {
 	echo "debug kernel $KREL ($KDIR), module from $src"

@@ -37,11 +37,15 @@ export TC_MEMORY=${TC_MEMORY:-6G}
 export TC_VM_TIMEOUT=${TC_VM_TIMEOUT:-10800} TC_PYTEST_TIMEOUT=${TC_PYTEST_TIMEOUT:-10200}
 export TC_SKIP_HOST=${TC_SKIP_HOST:-1} TC_SKIP_CRASH=${TC_SKIP_CRASH:-1}
 rc=0
-"$REPO/tests/run.sh" || rc=$?
-t=$REPO/results/latest/xfstests-table.md
+out=$(mktemp)
+"$REPO/tests/run.sh" | tee "$out" || rc=$?
+# this run's directory (results/latest may name another run started since)
+stamp=$(grep -a -o -m1 'results: results/[^ ]*' "$out" | sed 's|results: results/||')
+rm -f "$out"
+t=$REPO/results/$stamp/xfstests-table.md
 if [ -f "$t" ]; then
 	cp "$t" "$REPO/results/xfstests-table.md"
-	echo "xfstests table: results/xfstests-table.md (results/$(readlink "$REPO/results/latest")/)"
+	echo "xfstests table: results/xfstests-table.md (results/$stamp/)"
 fi
 return $rc
 }
