@@ -354,7 +354,11 @@ static void tc_drop_slot(struct tc_cache *c, struct tc_bio *pb)
 	tc_count(c, TC_S_WRITE_BYPASS);
 }
 
-/* Send @bio, as it was mapped, to the origin (still holding its lock). */
+/*
+ * Send @bio, as it was mapped, to the origin (still holding its lock): a
+ * bio the cache device failed, taken back in tc_end_io() or never
+ * submitted itself (the FUA path writes a clone).
+ */
 static void tc_to_origin(struct tc_cache *c, struct bio *bio,
 			 struct tc_bio *pb)
 {
@@ -366,7 +370,7 @@ static void tc_to_origin(struct tc_cache *c, struct bio *bio,
 	bio->bi_iter = pb->iter;
 	bio->bi_status = BLK_STS_OK;
 	bio_set_dev(bio, c->origin_bdev);
-	submit_bio_noacct(bio);
+	dm_submit_bio_remap(bio, NULL);	/* accounts the bio once only */
 }
 
 static void tc_pb_put(struct tc_bio *pb)
@@ -538,11 +542,7 @@ static void tc_fua_done(struct tc_cache *c, struct bio *bio,
 {
 	if (pb->cache_status) {
 		if (pb->meta_new || pb->was_clean) {
-			/* not submitted itself: its iterator is intact */
-			pb->to_cache = false;
-			tc_drop_slot(c, pb);
-			bio_set_dev(bio, c->origin_bdev);
-			dm_submit_bio_remap(bio, NULL);
+			tc_to_origin(c, bio, pb);
 			return;
 		}
 		bio->bi_status = pb->cache_status;

@@ -234,6 +234,17 @@ static int tc_set(struct tc_target *t, const char *key, const char *value)
 	return 0;
 }
 
+/* "flush": a read-only table writes nothing back. */
+static int tc_flush_message(struct tc_cache *c)
+{
+	if (READ_ONCE(c->read_only)) {
+		DMERR("%s: flush refused: the table is read-only", c->name);
+		return -EROFS;
+	}
+	tc_flush_start_full(c);
+	return 0;
+}
+
 static int tc_cleaner(struct tc_cache *c, const char *arg)
 {
 	if (!strcasecmp(arg, "on")) {
@@ -257,13 +268,8 @@ static int tc_message(struct dm_target *ti, unsigned int argc, char **argv,
 	int r = -EINVAL;
 
 	mutex_lock(&c->ctl_lock);
-	if (argc == 1 && !strcasecmp(argv[0], "flush") &&
-	    READ_ONCE(c->read_only)) {
-		DMERR("%s: flush refused: the table is read-only", c->name);
-		r = -EROFS;
-	} else if (argc == 1 && !strcasecmp(argv[0], "flush")) {
-		tc_flush_start_full(c);
-		r = 0;
+	if (argc == 1 && !strcasecmp(argv[0], "flush")) {
+		r = tc_flush_message(c);
 	} else if (argc == 2 && !strcasecmp(argv[0], "cleaner")) {
 		r = tc_cleaner(c, argv[1]);
 	} else if (argc == 3 && !strcasecmp(argv[0], "set")) {
