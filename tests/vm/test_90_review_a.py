@@ -496,8 +496,9 @@ def test_04_fua_write_after_discard_survives_crash(stack):
 
 # ---------------------------------------------------------------- 7
 
-def _cache_with_dirty(stack, origin, cache_path, n=64, tag="7"):
-    tc = stack.tiercache(origin, cache_path, BLK, "writeback", name=f"tcr{tag}")
+def _write_dirty(tc, tag, n):
+    """Write @n random blocks through @tc and fsync (a commit); returns
+    {block: data}, asserting that all @n are dirty."""
     blocks = random.Random(tag).sample(range(1024, 4096), n)
     data = {}
     for blk in blocks:
@@ -510,8 +511,14 @@ def _cache_with_dirty(stack, origin, cache_path, n=64, tag="7"):
         os.close(fd)
     st = tc.status()
     assert st["dirty"] == n, st["raw"]
+    return data
+
+
+def _cache_with_dirty(stack, origin, cache_path, n=64, tag="7"):
+    tc = stack.tiercache(origin, cache_path, BLK, "writeback", name=f"tcr{tag}")
+    data = _write_dirty(tc, tag, n)
     tc.remove()
-    assert committed_dirty(cache_path) == set(blocks)
+    assert committed_dirty(cache_path) == set(data)
     return data
 
 
@@ -703,18 +710,7 @@ def _dirty_device(stack, tag, n=32):
     cache = stack.ram(8 * MiB)
     tc = stack.tiercache(origin, cache, BLK, "writeback", [("commit_ms", 1000)],
                          name=f"tcr{tag}")
-    blocks = random.Random(tag).sample(range(1024, 4096), n)
-    data = {}
-    for blk in blocks:
-        data[blk] = rnd(f"{tag}-{blk}")
-        tclib.write_direct(tc.path, blk * B, data[blk])
-    fd = os.open(tc.path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    assert tc.status()["dirty"] == n
-    return origin, cache, tc, data
+    return origin, cache, tc, _write_dirty(tc, tag, n)
 
 
 def _writes(origin, cache):
