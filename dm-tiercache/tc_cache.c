@@ -29,6 +29,11 @@
 static LIST_HEAD(tc_registry);
 static DEFINE_MUTEX(tc_registry_lock);
 
+/*
+ * Tear a state down, then take it out of the registry: until its last
+ * metadata commit is written, a new table over the same cache device would
+ * read the metadata from before it (it is refused with EBUSY meanwhile).
+ */
 static void tc_cache_destroy(struct tc_cache *c)
 {
 	int dirty;
@@ -51,6 +56,9 @@ static void tc_cache_destroy(struct tc_cache *c)
 	bioset_exit(&c->bs);
 	tc_locks_exit(&c->locks);
 	tc_index_exit(c);
+	mutex_lock(&tc_registry_lock);
+	list_del(&c->list);
+	mutex_unlock(&tc_registry_lock);
 	kfree(c);
 }
 
@@ -198,6 +206,13 @@ struct tc_cache *tc_cache_get(struct tc_target *t, u32 nr_slots, char **error)
 
 	mutex_lock(&tc_registry_lock);
 	list_for_each_entry(c, &tc_registry, list) {
+		if (c->destroying) {
+			if (c->cache_dev != cdev)
+				continue;
+			*error = "The cache device is still being released by its previous table: try again";
+			r = -EBUSY;
+			goto out;
+		}
 		if (c->creating && (c->md == md || c->cache_dev == cdev)) {
 			*error = "Another table of this device or cache device is being loaded";
 			r = -EBUSY;
@@ -243,16 +258,13 @@ struct tc_cache *tc_cache_get(struct tc_target *t, u32 nr_slots, char **error)
 
 	r = tc_cache_create(c, t, error);	/* metadata I/O: not locked */
 
-	mutex_lock(&tc_registry_lock);
-	if (r)
-		list_del(&c->list);
-	else
-		c->creating = false;
-	mutex_unlock(&tc_registry_lock);
 	if (r) {
-		tc_cache_destroy(c);
+		tc_cache_destroy(c);	/* refused as "creating" meanwhile */
 		return ERR_PTR(r);
 	}
+	mutex_lock(&tc_registry_lock);
+	c->creating = false;
+	mutex_unlock(&tc_registry_lock);
 	return c;
 out:
 	mutex_unlock(&tc_registry_lock);
@@ -268,7 +280,7 @@ void tc_cache_put(struct tc_cache *c)
 		mutex_unlock(&tc_registry_lock);
 		return;
 	}
-	list_del(&c->list);
+	c->destroying = true;
 	mutex_unlock(&tc_registry_lock);
 	tc_cache_destroy(c);
 }

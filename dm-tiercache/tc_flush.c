@@ -49,6 +49,8 @@
 #define TC_WB_POOL_MAX		(16 << 20)
 /* back-off of background writeback after an error */
 #define TC_WB_BACKOFF_MIN_MS	1000
+/* no memory for a request descriptor: the engine tries again after this */
+#define TC_WB_NOMEM_DELAY	(HZ / 10)
 #define TC_WB_BACKOFF_MAX_MS	8000
 
 enum tc_wb_stage {
@@ -62,6 +64,7 @@ struct tc_wb_blk {
 	struct tc_entry *e;		/* NULL: not cached, read the origin */
 	u64 seq;			/* write sequence taken (dirty blocks) */
 	bool dirty;
+	bool owed;			/* took TC_E_OWED: give it back unwritten */
 	bool held;			/* h is in the lock table */
 };
 
@@ -150,6 +153,7 @@ static enum tc_blk_kind tc_gather_take(void *ctx, u64 b)
 
 	blk->held = false;
 	blk->dirty = false;
+	blk->owed = false;
 	blk->e = NULL;
 	if (!tc_trylock(&c->locks, &blk->h, b, TC_LK_WB))
 		return TC_BLK_BUSY;
@@ -165,7 +169,17 @@ static enum tc_blk_kind tc_gather_take(void *ctx, u64 b)
 		return TC_BLK_BUSY;
 	}
 	blk->seq = blk->e->seq;
+	/* written, the newest version pays what a full flush owes */
+	blk->owed = test_and_clear_bit(TC_E_OWED, &blk->e->flags);
 	return TC_BLK_DIRTY;
+}
+
+/* A taken dirty block leaves its request unwritten. */
+static void tc_wb_untake(struct tc_wb_blk *blk)
+{
+	if (blk->owed)
+		set_bit(TC_E_OWED, &blk->e->flags);
+	clear_bit(TC_E_WB, &blk->e->flags);
 }
 
 static void tc_gather_give_back(void *ctx, u64 b)
@@ -174,7 +188,7 @@ static void tc_gather_give_back(void *ctx, u64 b)
 	struct tc_wb_blk *blk = &g->req->blks[b - g->req->first];
 
 	if (blk->dirty)
-		clear_bit(TC_E_WB, &blk->e->flags);
+		tc_wb_untake(blk);
 	tc_unlock(&g->c->locks, &blk->h);
 	blk->held = false;
 }
@@ -213,10 +227,32 @@ static void tc_wb_skipped(struct tc_cache *c, u64 block)
 
 	if (test_bit(TC_FL_FULL, &fl->bits)) {
 		e = tc_lookup(c, block);
-		if (e && READ_ONCE(e->seq) > fl->full_seq)
-			return;
+		if (e && READ_ONCE(e->seq) > fl->full_seq) {
+			smp_rmb();	/* pairs with tc_mark_dirty() */
+			if (!test_bit(TC_E_OWED, &e->flags))
+				return;
+		}
 	}
 	fl->pass_skipped = true;
+}
+
+/*
+ * Does a running full flush owe the origin the dirty data of write sequence
+ * @seq?  Asked by a write about to replace that data: if so, the block is
+ * flagged TC_E_OWED, for the flush must write it although its new sequence
+ * is younger than the flush.  The full barrier of the write's sequence
+ * increment pairs with tc_wb_begin_full(): either the flush began before
+ * the increment and this sees TC_FL_FULL, or the flush's full_seq covers the
+ * new sequence.
+ */
+bool tc_flush_owes(struct tc_cache *c, u64 seq)
+{
+	struct tc_flush *fl = &c->fl;
+
+	if (!test_bit(TC_FL_FULL, &fl->bits))
+		return false;
+	smp_rmb();	/* full_seq, written before TC_FL_FULL, then updated */
+	return seq <= READ_ONCE(fl->full_seq);
 }
 
 /*
@@ -271,7 +307,7 @@ static struct tc_wb_req *tc_wb_own(struct tc_cache *c, struct tc_wb_req *g)
 
 		if (!req) {
 			if (from->dirty)
-				clear_bit(TC_E_WB, &from->e->flags);
+				tc_wb_untake(from);
 			tc_unlock(&c->locks, &from->h);
 			continue;
 		}
@@ -307,8 +343,8 @@ static struct tc_wb_req *tc_wb_gather(struct tc_cache *c)
 	fl->cursor = idx + 1;
 	req = tc_wb_scratch(c, max_t(u32, lim.max_blocks, 1));
 	if (!req) {
-		fl->pass_skipped = true;
-		return ERR_PTR(-EAGAIN);
+		fl->cursor = idx;
+		return ERR_PTR(-ENOMEM);
 	}
 	req->c = c;
 	req->first = idx;
@@ -326,8 +362,7 @@ static struct tc_wb_req *tc_wb_gather(struct tc_cache *c)
 	req = tc_wb_own(c, req);
 	if (!req) {
 		fl->cursor = idx;
-		fl->pass_skipped = true;
-		return ERR_PTR(-EAGAIN);
+		return ERR_PTR(-ENOMEM);
 	}
 	return req;
 }
@@ -355,13 +390,23 @@ static void tc_wb_endio(struct bio *bio)
 {
 	struct tc_wb_req *req = bio->bi_private;
 
-	if (bio->bi_status) {
-		if (bio_op(bio) == REQ_OP_READ &&
-		    bio->bi_bdev == req->c->origin_bdev)
-			req->hole_status = bio->bi_status;
-		else
-			req->status = bio->bi_status;
-	}
+	if (bio->bi_status)
+		req->status = bio->bi_status;
+	bio_put(bio);
+	tc_wb_put(req);
+}
+
+/*
+ * A read of the origin's holes (bridging): its failure is told apart at
+ * submission, for a stacked origin (md linear, raid0) may have remapped
+ * bi_bdev by completion.
+ */
+static void tc_wb_hole_endio(struct bio *bio)
+{
+	struct tc_wb_req *req = bio->bi_private;
+
+	if (bio->bi_status)
+		req->hole_status = bio->bi_status;
 	bio_put(bio);
 	tc_wb_put(req);
 }
@@ -380,6 +425,8 @@ static void tc_wb_submit(struct tc_wb_req *req, size_t off, size_t len,
 
 		bio->bi_private = req;
 		bio->bi_end_io = tc_wb_endio;
+		if (!op_is_write(opf) && bdev == c->origin_bdev)
+			bio->bi_end_io = tc_wb_hole_endio;
 		atomic_inc(&req->pending);
 		if (op_is_write(opf))
 			atomic64_inc(&c->stats.wb_requests);
@@ -564,7 +611,13 @@ static void tc_wb_finish_blk(struct tc_cache *c, struct tc_wb_req *req, u32 i,
 		tc_unlock(&c->locks, &blk->h);
 		return;
 	}
+	if (!written) {
+		tc_wb_untake(blk);
+		return;
+	}
 	clear_bit(TC_E_WB, &blk->e->flags);
+	/* still dirty: a full flush comes back unless it was rewritten */
+	tc_wb_skipped(c, req->first + i);
 }
 
 static void tc_wb_release(struct tc_cache *c, struct tc_wb_req *req,
@@ -785,9 +838,14 @@ static void tc_wb_begin_full(struct tc_cache *c)
 {
 	struct tc_flush *fl = &c->fl;
 
+	WRITE_ONCE(fl->full_seq, U64_MAX);
+	/* a write that sees TC_FL_FULL sees full_seq owe it everything... */
+	smp_mb__before_atomic();
 	set_bit(TC_FL_FULL, &fl->bits);
+	/* ...until the real full_seq, read after the bit is visible */
+	smp_mb__after_atomic();
+	WRITE_ONCE(fl->full_seq, atomic64_read(&c->write_seq));
 	clear_bit(TC_FL_PAUSED, &fl->bits);
-	fl->full_seq = atomic64_read(&c->write_seq);
 	fl->error = 0;
 	fl->cursor = 0;
 	fl->pass_skipped = false;
@@ -812,7 +870,13 @@ static void tc_wb_end_full(struct tc_cache *c, bool ok)
  * The cursor reached the end: wait for the pass's requests to be clean,
  * then decide whether another pass is wanted.
  */
-static bool tc_wb_end_pass(struct tc_cache *c)
+enum tc_pass_next {
+	TC_PASS_IDLE,		/* nothing more is wanted */
+	TC_PASS_AGAIN,		/* another pass, now */
+	TC_PASS_LATER,		/* another pass once busy blocks moved on */
+};
+
+static enum tc_pass_next tc_wb_end_pass(struct tc_cache *c)
 {
 	struct tc_flush *fl = &c->fl;
 	bool skipped, issued;
@@ -838,16 +902,37 @@ static bool tc_wb_end_pass(struct tc_cache *c)
 	    (u64)atomic_read(&c->nr_dirty) * 100 <=
 	    (u64)READ_ONCE(c->val[TC_KEY_LOW_WATERMARK]) * c->nr_slots)
 		clear_bit(TC_FL_BACKGROUND, &fl->bits);
-	/* everything left was busy: let its holders move on */
+	if (!tc_wb_wanted(c))
+		return TC_PASS_IDLE;
+	/* everything left was busy: its holders may need this workqueue */
 	if (skipped && !issued)
-		schedule_timeout_uninterruptible(1);
-	return tc_wb_wanted(c);
+		return TC_PASS_LATER;
+	return TC_PASS_AGAIN;
+}
+
+/*
+ * Run the engine again after @delay jiffies, from a timer: the engine
+ * never sleeps or spins in its work item, which may be the workqueue's
+ * rescuer, needed by the bios that hold the blocks it waits for.
+ */
+static void tc_wb_later(struct tc_cache *c, unsigned long delay)
+{
+	mod_delayed_work(c->wq, &c->fl.later_work, delay);
+}
+
+static void tc_wb_later_work(struct work_struct *w)
+{
+	struct tc_flush *fl = container_of(to_delayed_work(w), struct tc_flush,
+					   later_work);
+
+	tc_flush_kick(container_of(fl, struct tc_cache, fl));
 }
 
 static void tc_flush_work(struct work_struct *w)
 {
 	struct tc_cache *c = container_of(w, struct tc_cache, fl.work);
 	struct tc_flush *fl = &c->fl;
+	enum tc_pass_next next;
 	bool pool = false;
 	struct tc_wb_req *req;
 
@@ -862,6 +947,10 @@ static void tc_flush_work(struct work_struct *w)
 		    READ_ONCE(c->val[TC_KEY_FLUSH_DEPTH]))
 			return;		/* a write completion requeues us */
 		req = tc_wb_gather(c);
+		if (req == ERR_PTR(-ENOMEM)) {
+			tc_wb_later(c, TC_WB_NOMEM_DELAY);
+			return;
+		}
 		if (IS_ERR(req)) {
 			cond_resched();
 			continue;
@@ -873,8 +962,13 @@ static void tc_flush_work(struct work_struct *w)
 			if (atomic_read(&fl->outstanding))
 				return;	/* the last release requeues us */
 			clear_bit(TC_FL_PASS_END, &fl->bits);
-			if (!tc_wb_end_pass(c))
+			next = tc_wb_end_pass(c);
+			if (next == TC_PASS_IDLE)
 				break;
+			if (next == TC_PASS_LATER) {
+				tc_wb_later(c, 1);
+				return;
+			}
 			continue;
 		}
 		if (!pool) {
@@ -905,6 +999,7 @@ void tc_flush_init(struct tc_cache *c)
 	init_waitqueue_head(&fl->wait);
 	tc_pool_init(&fl->pool);
 	INIT_DELAYED_WORK(&fl->retry_work, tc_wb_retry_work);
+	INIT_DELAYED_WORK(&fl->later_work, tc_wb_later_work);
 	fl->bits = BIT(TC_FL_STOPPED);
 }
 
@@ -951,6 +1046,8 @@ void tc_flush_stop(struct tc_cache *c)
 	wait_event_idle(fl->wait, !atomic_read(&fl->outstanding));
 	flush_work(&fl->done_work);
 	cancel_work_sync(&fl->work);	/* queued by the last release */
+	/* the engine is not running: nothing re-arms its timer */
+	cancel_delayed_work_sync(&fl->later_work);
 	/* only the engine pauses: after it, the retry timer stays off */
 	cancel_delayed_work_sync(&fl->retry_work);
 	clear_bit(TC_FL_PASS_END, &fl->bits);
@@ -976,13 +1073,16 @@ int tc_flush_drain(struct tc_cache *c)
 {
 	int r = 0;
 
-	if (!atomic_read(&c->nr_dirty))
-		return 0;
-	clear_bit(TC_FL_STOPPED, &c->fl.bits);
-	r = tc_flush_sync(c);
-	tc_flush_stop(c);
-	if (!r && atomic_read(&c->nr_dirty))
-		r = -EBUSY;
+	if (atomic_read(&c->nr_dirty)) {
+		clear_bit(TC_FL_STOPPED, &c->fl.bits);
+		r = tc_flush_sync(c);
+		tc_flush_stop(c);
+		if (!r && atomic_read(&c->nr_dirty))
+			r = -EBUSY;
+	}
+	/* the clean marks on disk before the cache is left or bypassed */
+	if (!r)
+		r = tc_meta_commit(c);
 	return r;
 }
 

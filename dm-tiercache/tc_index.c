@@ -209,11 +209,18 @@ void tc_remove(struct tc_cache *c, struct tc_entry *e)
 /* The block was written in the cache: newer than the origin. */
 void tc_mark_dirty(struct tc_cache *c, struct tc_entry *e)
 {
-	e->seq = atomic64_inc_return(&c->write_seq);
+	u64 seq = atomic64_inc_return(&c->write_seq);
+
 	if (!xa_get_mark(&c->index, e->block, TC_DIRTY)) {
 		xa_set_mark(&c->index, e->block, TC_DIRTY);
 		atomic_inc(&c->nr_dirty);
+	} else if (tc_flush_owes(c, e->seq)) {
+		/* a full flush still owes the origin a version of the block */
+		set_bit(TC_E_OWED, &e->flags);
 	}
+	/* the flag before the sequence: tc_wb_skipped() reads them backwards */
+	smp_wmb();
+	WRITE_ONCE(e->seq, seq);
 	/* the slot holds this block already: safe to record before the data */
 	tc_meta_set(c, tc_slot_of(c, e), e->block, true);
 }

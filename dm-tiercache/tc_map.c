@@ -214,6 +214,8 @@ static int tc_map_rw(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 	pb->locked = true;
 	pb->block = block;
 
+	if (bio_data_dir(bio) == WRITE && READ_ONCE(c->read_only))
+		return DM_MAPIO_KILL;	/* a read-only table writes nothing */
 	if (bio_data_dir(bio) == READ)
 		act = tc_read(c, bio, pb, block);
 	else
@@ -339,19 +341,26 @@ int tc_end_io(struct dm_target *ti, struct bio *bio, blk_status_t *error)
 
 /* ---- bios continued in process context ---- */
 
-/* Drop the slot of a write that goes around the cache after all. */
-static void tc_drop_slot(struct tc_cache *c, struct tc_bio *pb)
+/*
+ * Drop the slot of a write that goes around the cache after all.  Returns
+ * true if the slot may be dirty on disk (a commit may have recorded it).
+ */
+static bool tc_drop_slot(struct tc_cache *c, struct tc_bio *pb)
 {
 	struct tc_entry *e;
+	bool disk_dirty = false;
 
 	if (!pb->meta_new && !pb->was_clean)
-		return;
+		return false;
 	pb->meta_new = false;
 	pb->was_clean = false;
 	e = tc_lookup(c, pb->block);
-	if (e && tc_slot_of(c, e) == pb->slot)
+	if (e && tc_slot_of(c, e) == pb->slot) {
+		disk_dirty = tc_meta_disk_dirty(c, pb->slot);
 		tc_remove(c, e);
+	}
 	tc_count(c, TC_S_WRITE_BYPASS);
+	return disk_dirty;
 }
 
 /*
@@ -362,10 +371,18 @@ static void tc_drop_slot(struct tc_cache *c, struct tc_bio *pb)
 static void tc_to_origin(struct tc_cache *c, struct bio *bio,
 			 struct tc_bio *pb)
 {
-	if (bio_data_dir(bio) == WRITE)
-		tc_drop_slot(c, pb);
 	DMERR_LIMIT("%s: cache device error on block %llu: using the origin",
 		    c->name, pb->block);
+	/*
+	 * A FUA write is durable once acknowledged: a dropped slot that a
+	 * commit may have recorded dirty must be recorded empty first, or a
+	 * crash would write the slot's old data over it.
+	 */
+	if (bio_data_dir(bio) == WRITE && tc_drop_slot(c, pb) &&
+	    (bio->bi_opf & REQ_FUA) && tc_meta_commit(c)) {
+		bio_io_error(bio);
+		return;
+	}
 	pb->to_cache = false;
 	bio->bi_iter = pb->iter;
 	bio->bi_status = BLK_STS_OK;

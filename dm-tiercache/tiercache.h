@@ -87,6 +87,7 @@ struct tc_entry {
 #define TC_E_VALID	0		/* slot holds a block */
 #define TC_E_REF	1		/* referenced since the last CLOCK pass */
 #define TC_E_WB		2		/* in a writeback request */
+#define TC_E_OWED	3		/* rewritten before a full flush wrote it */
 
 /* per-bio counters: per CPU, summed when the status is read */
 enum tc_io_stat {
@@ -174,6 +175,7 @@ struct tc_flush {
 	unsigned long flushes;		/* full flushes completed */
 	struct tc_pool pool;		/* buffer chunks, while running */
 	struct delayed_work retry_work;	/* ends a pause after an error */
+	struct delayed_work later_work;	/* the engine again, a little later */
 	unsigned int backoff_ms;	/* the next pause */
 	struct tc_wb_req *scratch;	/* gathers a request before sizing it */
 	u32 scratch_blocks;
@@ -263,6 +265,7 @@ struct tc_cache {
 	struct tc_meta meta;
 	bool meta_loaded;		/* formatted or loaded: commit at the end */
 	bool creating;			/* in the registry, not yet set up */
+	bool destroying;		/* in the registry, being torn down */
 };
 
 /* one table's target: arguments and device references */
@@ -387,6 +390,7 @@ void tc_queue_io(struct tc_cache *c, struct bio *bio);
 void tc_flush_init(struct tc_cache *c);
 void tc_flush_start_full(struct tc_cache *c);
 void tc_flush_kick(struct tc_cache *c);
+bool tc_flush_owes(struct tc_cache *c, u64 seq);
 void tc_flush_check_watermark(struct tc_cache *c);
 void tc_flush_stop(struct tc_cache *c);
 void tc_flush_resume(struct tc_cache *c);

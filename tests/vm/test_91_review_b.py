@@ -612,6 +612,50 @@ def test_full_flush_ends_under_rewrites(stack):
 
 # ---------------------------------------------------------------- item 12
 
+def test_full_flush_writes_block_rewritten_while_busy(stack):
+    """A full flush owes the origin every block dirty when it began.  Blocks
+    W and X are dirty (X in version 0); the flush begins and writes W first
+    (one request at a time, the cache device's reads take 1 s); meanwhile X
+    is rewritten (version 1, held 3 s in the cache device's write delay),
+    so the flush finds X locked.  When the flush ends, the origin must hold
+    version 0 or 1 of X, not the data from before X was written.
+
+    Found by CI (test_full_flush_ends_under_rewrites, 2 of 256 blocks): the
+    rewrite gave X a sequence younger than the flush, and the flush took
+    that for "dirtied after I began" and left X for later.  Here the race
+    is held open on purpose."""
+    ram = stack.ram(32 * MiB)
+    m = tclib.seeded_origin(ram, seed=1201)
+    cdev, arm = delayed(stack, 8 * MiB, read_ms=1000, write_ms=3000)
+    tc = stack.tiercache(ram, cdev.path, 8, "writeback", keys={"flush_depth": 1})
+    W, X = 100, 1000
+    v0, v1, w0 = rnd(1202), rnd(1203), rnd(1204)
+    before = bytes(m.data[X * B:(X + 1) * B])
+    tclib.write_direct(tc.path, X * B, v0)
+    tclib.write_direct(tc.path, W * B, w0)
+    assert tc.status()["dirty"] == 2
+    arm()
+    st0 = tc.status()
+    tc.message("flush")
+    time.sleep(0.3)          # the flush is reading W from the cache (1 s)
+    w = Bg(tclib.write_direct, tc.path, X * B, v1)
+    st = wait_until(lambda: (lambda s: s if s["flushes"] > st0["flushes"] and
+                             s["flush_state"] == "idle" else None)(tc.status()),
+                    30, "the full flush to end")
+    w.join(20, "the rewrite of X").result()
+    got = tclib.read_direct(ram, X * B, B)
+    print(st["raw"], f"rewrite took {w.seconds():.2f}s")
+    assert w.seconds() > 2, "the rewrite of X was not held by the cache's delay"
+    assert tclib.read_direct(ram, W * B, B) == w0
+    if got == before:
+        pytest.fail(f"the full flush ended ({st['raw']}) with block {X}, dirty "
+                    f"when it began, never written: the origin holds its data "
+                    f"from before the test", pytrace=False)
+    assert got in (v0, v1), f"block {X} on the origin is neither version"
+    tc.flush()
+    tclib.compare(v1, tclib.read_direct(ram, X * B, B), X * B, "after a second flush")
+
+
 def test_writer_not_starved_by_readers(stack):
     """48 O_DIRECT reads in flight on one cached block all the time (fio,
     6 jobs, iodepth 8; cache read delay 50 ms so each read holds the block
