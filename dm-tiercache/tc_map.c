@@ -452,7 +452,8 @@ static void tc_submit_clone(struct tc_cache *c, struct bio *bio,
 {
 	struct bio *clone = bio_alloc_clone(bdev, bio, GFP_NOIO, &c->bs);
 
-	clone->bi_opf = opf;
+	/* nobody polls a child: it must complete by interrupt */
+	clone->bi_opf = opf & ~REQ_POLLED;
 	clone->bi_iter.bi_sector = sector;
 	tc_submit_child(c, dm_per_bio_data(bio, sizeof(struct tc_bio)), clone,
 			bdev);
