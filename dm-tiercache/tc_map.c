@@ -647,7 +647,9 @@ void tc_io_work(struct work_struct *w)
  * other holder is inside).  Blocks wholly inside the discard, [first, end),
  * are dropped; a block it covers in part is dropped only if clean (the
  * origin is about to change under it): a dirty one keeps its newer copy,
- * which writeback writes whole.  A block in a writeback request is waited
+ * which writeback writes whole.  If the origin cannot discard (first ==
+ * end), no dirty copy is dropped: the origin would keep an older version,
+ * and reads after the discard would go back in time.  A block in a writeback request is waited
  * for: once dropped, a write around the cache must not be overtaken by the
  * request's older copy.  Returns true if a dropped slot may be dirty on
  * disk: a commit must record it before the discard ends, or a crash would
@@ -681,6 +683,7 @@ static bool tc_discard_range(struct tc_cache *c, u64 lo, u64 hi, u64 first,
 static void tc_discard(struct tc_cache *c, struct bio *bio)
 {
 	struct tc_bio *pb = dm_per_bio_data(bio, sizeof(struct tc_bio));
+	bool passdown = bdev_max_discard_sectors(c->origin_bdev);
 	sector_t start = bio->bi_iter.bi_sector;
 	u64 first = (start + c->block_sectors - 1) >> c->block_shift;
 	u64 end = min_t(u64, bio_end_sector(bio) >> c->block_shift,
@@ -689,6 +692,8 @@ static void tc_discard(struct tc_cache *c, struct bio *bio)
 	u64 hi = min_t(u64, (bio_end_sector(bio) + c->block_sectors - 1) >>
 			    c->block_shift, c->nr_blocks);
 
+	if (!passdown)
+		end = first;	/* only clean copies go */
 	if (lo < hi) {
 		tc_range_lock(&c->locks, &pb->range, lo, hi);
 		pb->discard = true;
@@ -698,7 +703,7 @@ static void tc_discard(struct tc_cache *c, struct bio *bio)
 			return;
 		}
 	}
-	if (bdev_max_discard_sectors(c->origin_bdev)) {
+	if (passdown) {
 		bio_set_dev(bio, c->origin_bdev);
 		dm_submit_bio_remap(bio, NULL);
 	} else {
