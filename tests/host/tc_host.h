@@ -114,9 +114,18 @@ static inline size_t array_size(size_t n, size_t size)
 	return __builtin_mul_overflow(n, size, &bytes) ? SIZE_MAX : bytes;
 }
 
+/* the tests make the next allocations fail by setting this */
+extern unsigned int tc_host_fail_allocs;
+
 static inline void *kvmalloc(size_t bytes, gfp_t gfp)
 {
-	void *p = malloc(bytes ? bytes : 1);
+	void *p;
+
+	if (tc_host_fail_allocs) {
+		tc_host_fail_allocs--;
+		return NULL;
+	}
+	p = malloc(bytes ? bytes : 1);
 
 	if (p && (gfp & __GFP_ZERO))
 		memset(p, 0, bytes);
@@ -132,6 +141,12 @@ static inline void *kvmalloc_array(size_t n, size_t size, gfp_t gfp)
 
 #define __vmalloc(bytes, gfp)	kvmalloc((bytes), (gfp))
 #define kvfree(p)		free(p)
+
+/* ---- test seams ---- */
+/* called between two buckets of a lookup: the threaded tests yield there */
+extern void (*tc_host_race_hook)(void);
+#define tc_hmap_race_window() \
+	do { if (tc_host_race_hook) tc_host_race_hook(); } while (0)
 
 /* ---- arithmetic and sorting ---- */
 static inline u64 mul_u64_u64_shr(u64 a, u64 mul, unsigned int shift)
