@@ -197,24 +197,37 @@ static u32 tc_dorder_sort_pending(struct tc_dorder *d, u64 *keys)
 	return n;
 }
 
-/* Merge @n sorted pending slots into the sorted part, from the back. */
+/* The first index in [0, @hi) of the sorted part with a block above @b. */
+static u64 tc_dorder_after(struct tc_dorder *d, u64 hi, u64 b)
+{
+	u64 lo = 0, mid;
+
+	while (lo < hi) {
+		mid = lo + (hi - lo) / 2;
+		if (tc_slot_block(d->sl, d->sorted[mid]) <= b)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/*
+ * Merge @n sorted pending slots into the sorted part, from the back: each
+ * pending slot finds its place by a binary search, and the sorted slots
+ * after it move up as a block.  Blocks are read for the searches only, not
+ * for every sorted slot: a slot word is a cache miss on a large cache.
+ */
 static void tc_dorder_merge_keys(struct tc_dorder *d, const u64 *keys, u32 n)
 {
-	u64 i = d->nr_sorted, w = d->nr_sorted + n;
-	u64 bi = i ? tc_slot_block(d->sl, d->sorted[i - 1]) : 0;
+	u64 i = d->nr_sorted, w = d->nr_sorted + n, at;
 
-	while (n) {
-		u64 bk = keys[n - 1] >> TC_DORDER_IDX_BITS;
-
-		if (i && bi > bk) {
-			d->sorted[--w] = d->sorted[--i];
-			if (i)
-				bi = tc_slot_block(d->sl, d->sorted[i - 1]);
-		} else {
-			n--;
-			d->sorted[--w] = d->pending[keys[n] &
-						    TC_DORDER_IDX_MASK];
-		}
+	while (n--) {
+		at = tc_dorder_after(d, i, keys[n] >> TC_DORDER_IDX_BITS);
+		w -= i - at;
+		memmove(&d->sorted[w], &d->sorted[at], (i - at) * sizeof(u32));
+		i = at;
+		d->sorted[--w] = d->pending[keys[n] & TC_DORDER_IDX_MASK];
 	}
 }
 
