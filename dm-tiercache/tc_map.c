@@ -647,13 +647,17 @@ void tc_io_work(struct work_struct *w)
  * other holder is inside).  Blocks wholly inside the discard, [first, end),
  * are dropped; a block it covers in part is dropped only if clean (the
  * origin is about to change under it): a dirty one keeps its newer copy,
- * which writeback writes whole.  If the origin cannot discard (first ==
- * end), no dirty copy is dropped: the origin would keep an older version,
- * and reads after the discard would go back in time.  A block in a writeback request is waited
- * for: once dropped, a write around the cache must not be overtaken by the
- * request's older copy.  Returns true if a dropped slot may be dirty on
- * disk: a commit must record it before the discard ends, or a crash would
- * bring the old data back over anything written later.
+ * which writeback writes whole.  Every block in a writeback request is
+ * waited for, kept or dropped: the request's write must not land on the
+ * origin after the discard (a device may reorder writes in flight), and a
+ * dropped block must not be overtaken by a write around the cache.  (The
+ * request cannot mark a block clean meanwhile: it needs the block's lock,
+ * which the range keeps.)  If the origin cannot discard (first == end),
+ * no dirty copy is dropped: the origin would keep an older version, and
+ * reads after the discard would go back in time.  Returns true if a dropped
+ * slot may be dirty on disk: a commit must record it before the discard
+ * ends, or a crash would bring the old data back over anything written
+ * later.
  */
 static bool tc_discard_range(struct tc_cache *c, u64 lo, u64 hi, u64 first,
 			     u64 end)
@@ -663,10 +667,11 @@ static bool tc_discard_range(struct tc_cache *c, u64 lo, u64 hi, u64 first,
 	bool commit = false;
 
 	xa_for_each_range(&c->index, idx, e, lo, hi - 1) {
-		if ((idx < first || idx >= end) && tc_is_dirty(c, idx))
-			continue;
+		/* no copy of the block still on its way to the origin */
 		wait_event_idle(c->locks.wait,
 				!test_bit(TC_E_WB, &e->flags));
+		if ((idx < first || idx >= end) && tc_is_dirty(c, idx))
+			continue;
 		commit |= tc_meta_disk_dirty(c, tc_slot_of(c, e));
 		tc_remove(c, e);
 		cond_resched();
