@@ -205,6 +205,12 @@ static int tc_map_rw(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 		bio_set_dev(bio, c->origin_bdev);
 		return DM_MAPIO_REMAPPED;
 	}
+	/*
+	 * Before the lock: device-mapper calls no end_io for a bio its map
+	 * function kills, so a killed bio must not hold one.
+	 */
+	if (bio_data_dir(bio) == WRITE && READ_ONCE(c->read_only))
+		return DM_MAPIO_KILL;	/* a read-only table writes nothing */
 	/* a parked bio comes back holding the lock it was granted */
 	if (!pb->holder.granted &&
 	    !tc_lock_or_defer(&c->locks, &pb->holder, block,
@@ -214,8 +220,6 @@ static int tc_map_rw(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 	pb->locked = true;
 	pb->block = block;
 
-	if (bio_data_dir(bio) == WRITE && READ_ONCE(c->read_only))
-		return DM_MAPIO_KILL;	/* a read-only table writes nothing */
 	if (bio_data_dir(bio) == READ)
 		act = tc_read(c, bio, pb, block);
 	else
