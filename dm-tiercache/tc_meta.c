@@ -216,11 +216,15 @@ static int tc_meta_bio(struct tc_cache *c, void *buf, sector_t sector,
 	return r;
 }
 
-/* Read or write @bytes of a page-aligned buffer, in bios of 1 MiB. */
+/*
+ * Read or write @bytes of a page-aligned buffer, in bios of just under
+ * 1 MiB: tc_meta_bio() allocates a vector more than the pages it covers,
+ * and more than BIO_MAX_VECS is a BUG() in bvec_alloc().
+ */
 static int tc_meta_rw(struct tc_cache *c, void *buf, sector_t sector,
 		      size_t bytes, blk_opf_t opf)
 {
-	const size_t max = (size_t)BIO_MAX_VECS * PAGE_SIZE;
+	const size_t max = (size_t)(BIO_MAX_VECS - 1) * PAGE_SIZE;
 	size_t off, n;
 	int r;
 
