@@ -105,6 +105,38 @@ def test_dirty_blocks_survive_remove_and_module_reload(stack):
     assert dirty_entries(cache) == [], "the flush was not recorded on disk"
 
 
+def test_commit_of_many_adjacent_metadata_blocks(stack):
+    """A cache of 36,000 slots filled dirty in order (one 144 MiB sequential
+    write): one commit covers more than 256 adjacent 4 KiB metadata blocks
+    (32,768 slots).  Before the fix the commit asked for 257 bio vectors
+    ('kernel BUG at block/bio.c:57!', found by the memory benchmark of a
+    262,016-slot cache).  The data survives remove and load."""
+    n = 36000
+    origin = stack.ram(256 * MiB)
+    cache = stack.ram(160 * MiB)
+    tc = stack.tiercache(origin, cache, 8, "writeback",
+                         [("high_watermark", 100), ("low_watermark", 99)])
+    data = random.Random(805).randbytes(MiB)
+    fd = os.open(tc.path, os.O_WRONLY | os.O_DIRECT)
+    buf = tclib.aligned_buf(MiB)
+    try:
+        buf[:MiB] = data
+        for off in range(0, n * B, MiB):
+            assert os.pwrite(fd, memoryview(buf)[:MiB], off) == MiB
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        buf.close()
+    st = tc.status()
+    # written back or not, every slot's entry changed and was committed
+    assert st["used"] >= 32768 + 128 and st["meta_commits"] >= 1, st["raw"]
+    tc.remove()
+    tc2 = stack.dm("tc-p-many", table(origin, cache, fmt=False), cls=tclib.TierCache)
+    for off in (0, 79 * MiB, 140 * MiB):
+        got = tclib.read_direct(tc2.path, off, MiB)
+        tclib.compare(data, got, off, "a block of the big commit, after load")
+
+
 def test_format_refused_while_dirty_then_load_and_reformat(stack):
     origin = stack.slow(16 * MiB)
     m = tclib.seeded_origin(origin.path, seed=811)
