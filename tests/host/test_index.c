@@ -395,66 +395,65 @@ static u64 *colliding_keys(u64 nr_buckets, u64 r0, u64 nr_regions, u32 n)
 	return k;
 }
 
+/*
+ * One model case: @nslots slots over @keys (freed here), @ops operations.
+ * Adds the operations to *@total; the table's free count in *@nfree if
+ * asked.  Returns model_run()'s count of wrapped entries.
+ */
+static u64 model_case(u32 nslots, u64 *keys, u32 nkeys, u64 ops,
+		      unsigned int fill_bias, u64 arg, u64 *total, u32 *nfree)
+{
+	struct model md;
+	u64 wrapped;
+
+	model_init(&md, nslots, keys, nkeys);
+	wrapped = model_run(&md, ops, fill_bias, arg);
+	*total += md.ops;
+	if (nfree)
+		*nfree = md.nfree;
+	model_exit(&md);
+	free(keys);
+	return wrapped;
+}
+
 static void test_map_model(void)
 {
 	static const u32 small[] = { 1, 2, 3, 5, 17, 51, 52, 64, 100, 203 };
 	struct tc_hmap_geometry g;
-	struct model md;
 	u64 *keys, wrapped, total = 0;
 	unsigned int i;
+	u32 nfree;
 
 	/* small tables: every size of region count, wrap-around all the time */
 	for (i = 0; i < ARRAY_SIZE(small); i++) {
 		keys = random_keys(small[i] * 2);
-		model_init(&md, small[i], keys, small[i] * 2);
-		model_run(&md, 100000, 70, 97);
-		total += md.ops;
-		model_exit(&md);
-		free(keys);
+		model_case(small[i], keys, small[i] * 2, 100000, 70, 97, &total,
+			   NULL);
 	}
 	/* 4096 slots, unique keys mostly, filled to 0.8 and churned there */
 	keys = random_keys(8192);
-	model_init(&md, 4096, keys, 8192);
-	model_run(&md, 1500000, 75, 50000);
-	CHECK(md.nfree < 64, "the table filled (%u free)", md.nfree);
-	total += md.ops;
-	model_exit(&md);
-	free(keys);
+	model_case(4096, keys, 8192, 1500000, 75, 50000, &total, &nfree);
+	CHECK(nfree < 64, "the table filled (%u free)", nfree);
 	/* version chains: few keys, many versions each */
 	keys = random_keys(300);
-	model_init(&md, 4096, keys, 300);
-	model_run(&md, 600000, 60, 50000);
-	total += md.ops;
-	model_exit(&md);
-	free(keys);
+	model_case(4096, keys, 300, 600000, 60, 50000, &total, NULL);
 	/*
 	 * Adversarial: every key's home in the last two regions, so one long
 	 * cluster runs over the table's end and on from bucket 0.
 	 */
 	tc_hmap_geometry(4096, &g);
 	keys = colliding_keys(g.nr_buckets, g.nr_regions - 2, 2, 3000);
-	model_init(&md, 4096, keys, 3000);
-	wrapped = model_run(&md, 200000, 75, 20000);
+	wrapped = model_case(4096, keys, 3000, 200000, 75, 20000, &total,
+			     NULL);
 	CHECK(wrapped > 0, "no entry wrapped past the table end");
-	total += md.ops;
-	model_exit(&md);
-	free(keys);
 	/* the same, many versions of few colliding keys */
 	keys = colliding_keys(g.nr_buckets, 0, 1, 500);
-	model_init(&md, 4096, keys, 500);
-	model_run(&md, 200000, 75, 20000);
-	total += md.ops;
-	model_exit(&md);
-	free(keys);
+	model_case(4096, keys, 500, 200000, 75, 20000, &total, NULL);
 	/* a larger table, sequential blocks (the common case) */
 	keys = malloc(200000 * sizeof(*keys));
 	for (i = 0; i < 200000; i++)
 		keys[i] = 1000000 + i;
-	model_init(&md, 100000, keys, 200000);
-	model_run(&md, 2000000, 70, 0);
-	total += md.ops;
-	model_exit(&md);
-	free(keys);
+	model_case(100000, keys, 200000, 2000000, 70, 0, &total, NULL);
 	printf("map model: %llu operations: ok\n", (unsigned long long)total);
 }
 
