@@ -386,14 +386,22 @@ static void tc_wb_put(struct tc_wb_req *req)
 		tc_wb_completed(req);
 }
 
-static void tc_wb_endio(struct bio *bio)
+/* A bio of @req ended: its error (if any) goes to @status. */
+static void tc_wb_bio_done(struct bio *bio, blk_status_t *status)
 {
 	struct tc_wb_req *req = bio->bi_private;
 
 	if (bio->bi_status)
-		req->status = bio->bi_status;
+		*status = bio->bi_status;
 	bio_put(bio);
 	tc_wb_put(req);
+}
+
+static void tc_wb_endio(struct bio *bio)
+{
+	struct tc_wb_req *req = bio->bi_private;
+
+	tc_wb_bio_done(bio, &req->status);
 }
 
 /*
@@ -405,10 +413,7 @@ static void tc_wb_hole_endio(struct bio *bio)
 {
 	struct tc_wb_req *req = bio->bi_private;
 
-	if (bio->bi_status)
-		req->hole_status = bio->bi_status;
-	bio_put(bio);
-	tc_wb_put(req);
+	tc_wb_bio_done(bio, &req->hole_status);
 }
 
 /* Submit [off, off + len) of the buffer as one or more bios. */
