@@ -507,11 +507,35 @@ class DmDevice:
     def stat(self):
         return block_stat(self.path)
 
-    def remove(self):
+    def remove(self, patience=60):
+        """dmsetup remove, waiting out udev: a device whose reads fail
+        slowly (dm-delay over error) can be held open by udev's blkid probe
+        for longer than `dmsetup remove --retry` retries (about 5 s).  Retry
+        for `patience` seconds after settling udev; a device still open
+        then is a real leak and the error names who holds it."""
         if self.removed:
             return
-        run(["dmsetup", "remove", "--retry", self.name], timeout=300)
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                run(["dmsetup", "remove", "--retry", self.name], timeout=300)
+                break
+            except CmdError as e:
+                if time.monotonic() >= deadline:
+                    raise CmdError(e.cmd, e.rc, e.out,
+                                   f"{e.err}\nopen count/holders: {self._holders()}")
+                run(["udevadm", "settle", "--timeout=30"], check=False, quiet=True)
+                time.sleep(1)
         self.removed = True
+
+    def _holders(self):
+        info = run(["dmsetup", "info", "-c", "--noheadings", "-o", "open,blkdevname",
+                    self.name], check=False, quiet=True).stdout.strip()
+        try:
+            dev = info.split(":")[-1]
+            return f"{info}; holders {os.listdir(f'/sys/block/{dev}/holders')}"
+        except (OSError, IndexError):
+            return info
 
     def __repr__(self):
         return f"<dm {self.name}: {self.table}>"
