@@ -76,17 +76,14 @@ struct tc_wb_req {
 	u32 nr;
 	u32 nr_dirty;
 	atomic_t pending;
+	bool nomem;			/* no buffer: not an I/O error */
 	blk_status_t status;		/* cache reads, the write */
-	blk_status_t hole_status;	/* origin reads under holes */
+	blk_status_t hole_status;	/* reads of holes (origin or cache) */
 	struct tc_buf buf;
+	/* the first request of a batch leads it: the others, the flush */
+	struct list_head batch;
+	blk_status_t flush_status;
 	struct tc_wb_blk blks[];
-};
-
-struct tc_wb_batch {
-	struct list_head list;
-	struct list_head reqs;
-	blk_status_t status;
-	struct tc_cache *c;
 };
 
 /* ---- state ---- */
@@ -108,12 +105,20 @@ static void tc_flush_latch(struct tc_cache *c, int err)
 	fl->pass_error = err;
 }
 
+/* Is a full flush asked for or running?  (What a waiter waits for.) */
+static bool tc_full_pending(struct tc_flush *fl)
+{
+	if (test_bit(TC_FL_FULL_REQ, &fl->bits))
+		return true;
+	smp_rmb();	/* pairs with tc_wb_begin_full() */
+	return test_bit(TC_FL_FULL, &fl->bits);
+}
+
 const char *tc_flush_state(struct tc_cache *c)
 {
 	struct tc_flush *fl = &c->fl;
 
-	if (test_bit(TC_FL_FULL, &fl->bits) ||
-	    test_bit(TC_FL_FULL_REQ, &fl->bits))
+	if (tc_full_pending(fl))
 		return "flushing";
 	if (READ_ONCE(c->cleaner) && atomic_read(&c->nr_dirty))
 		return "cleaning";
@@ -258,11 +263,13 @@ bool tc_flush_owes(struct tc_cache *c, u64 seq)
 /*
  * Descriptors may be large (max_flush_kb of blocks): kvmalloc() falls back
  * to vmalloc() only for GFP_KERNEL, so no I/O is kept out by the scope.
+ * It may fail rather than wait for memory (the engine tries again later).
  */
 static void *tc_wb_alloc(size_t bytes)
 {
 	unsigned int noio = memalloc_noio_save();
-	void *p = kvmalloc(bytes, GFP_KERNEL);
+	void *p = kvmalloc(bytes, GFP_KERNEL | __GFP_RETRY_MAYFAIL |
+				  __GFP_NOWARN);
 
 	memalloc_noio_restore(noio);
 	return p;
@@ -301,6 +308,7 @@ static struct tc_wb_req *tc_wb_own(struct tc_cache *c, struct tc_wb_req *g)
 		req->c = c;
 		req->first = g->first;
 		req->nr = g->nr;
+		INIT_LIST_HEAD(&req->batch);
 	}
 	for (i = 0; i < g->nr; i++) {
 		struct tc_wb_blk *from = &g->blks[i], *to;
@@ -405,9 +413,10 @@ static void tc_wb_endio(struct bio *bio)
 }
 
 /*
- * A read of the origin's holes (bridging): its failure is told apart at
- * submission, for a stacked origin (md linear, raid0) may have remapped
- * bi_bdev by completion.
+ * A read of holes (bridging), from the origin or from clean cached copies:
+ * its failure only takes the bridge off (tc_wb_write_runs()).  Told apart
+ * at submission, for a stacked device may have remapped bi_bdev by
+ * completion.
  */
 static void tc_wb_hole_endio(struct bio *bio)
 {
@@ -419,7 +428,7 @@ static void tc_wb_hole_endio(struct bio *bio)
 /* Submit [off, off + len) of the buffer as one or more bios. */
 static void tc_wb_submit(struct tc_wb_req *req, size_t off, size_t len,
 			 struct block_device *bdev, sector_t sector,
-			 blk_opf_t opf)
+			 blk_opf_t opf, bio_end_io_t *end_io)
 {
 	struct tc_cache *c = req->c;
 
@@ -429,9 +438,7 @@ static void tc_wb_submit(struct tc_wb_req *req, size_t off, size_t len,
 					     sector, opf);
 
 		bio->bi_private = req;
-		bio->bi_end_io = tc_wb_endio;
-		if (!op_is_write(opf) && bdev == c->origin_bdev)
-			bio->bi_end_io = tc_wb_hole_endio;
+		bio->bi_end_io = end_io;
 		atomic_inc(&req->pending);
 		if (op_is_write(opf))
 			atomic64_inc(&c->stats.wb_requests);
@@ -471,13 +478,15 @@ static void tc_wb_read(struct tc_cache *c, struct tc_wb_req *req,
 		struct block_device *bdev = tc_wb_src(c, req, i, &start);
 		u32 j = i + 1;
 
-		/* one bio for sources that are contiguous on one device */
+		/* one bio for sources contiguous on one device, of one kind */
 		while (j < req->nr && tc_wb_src(c, req, j, &s) == bdev &&
-		       s == start + (sector_t)(j - i) * c->block_sectors)
+		       s == start + (sector_t)(j - i) * c->block_sectors &&
+		       req->blks[j].dirty == req->blks[i].dirty)
 			j++;
 		if (!cached_only || bdev == c->cache_bdev)
 			tc_wb_submit(req, i * bb, (j - i) * bb, bdev, start,
-				     REQ_OP_READ);
+				     REQ_OP_READ, req->blks[i].dirty ?
+				     tc_wb_endio : tc_wb_hole_endio);
 		i = j;
 	}
 	tc_wb_put(req);
@@ -512,6 +521,7 @@ static void tc_wb_begin_read(struct tc_cache *c, struct tc_wb_req *req)
 
 	if (tc_buf_alloc(&c->fl.pool, &req->buf, (size_t)req->nr * bb)) {
 		req->stage = TC_WB_READ;
+		req->nomem = true;
 		req->status = BLK_STS_RESOURCE;
 		atomic_set(&req->pending, 1);
 		tc_wb_put(req);
@@ -524,7 +534,8 @@ static void tc_wb_begin_read(struct tc_cache *c, struct tc_wb_req *req)
 	req->stage = TC_WB_SPAN;
 	atomic_set(&req->pending, 1);
 	tc_wb_submit(req, lo * bb, (hi - lo + 1) * bb, c->origin_bdev,
-		     (req->first + lo) << c->block_shift, REQ_OP_READ);
+		     (req->first + lo) << c->block_shift, REQ_OP_READ,
+		     tc_wb_hole_endio);
 	tc_wb_put(req);
 }
 
@@ -558,20 +569,21 @@ static void tc_wb_write(struct tc_cache *c, struct tc_wb_req *req)
 	atomic64_add(req->nr_dirty, &c->stats.wb_blocks);
 	atomic64_add(req->nr - req->nr_dirty, &c->stats.bridged_blocks);
 	tc_wb_submit(req, 0, bytes, c->origin_bdev,
-		     req->first << c->block_shift, REQ_OP_WRITE);
+		     req->first << c->block_shift, REQ_OP_WRITE, tc_wb_endio);
 	tc_wb_put(req);
 }
 
 /*
- * The origin could not be read under a hole: the bridge is off.  The holes
- * let go, and each run of dirty blocks is written on its own.
+ * A hole could not be read (from the origin, or from its clean copy in
+ * the cache): the bridge is off.  The holes let go, and each run of dirty
+ * blocks is written on its own.
  */
 static void tc_wb_write_runs(struct tc_cache *c, struct tc_wb_req *req)
 {
 	size_t bb = tc_block_bytes(c);
 	u32 i = 0, j;
 
-	DMERR_LIMIT("%s: origin read error under a bridged hole at block %llu: writing the dirty runs alone",
+	DMERR_LIMIT("%s: read error under a bridged hole at block %llu: writing the dirty runs alone",
 		    c->name, req->first);
 	tc_wb_unlock(c, req, true);
 	tc_wb_unlock(c, req, false);
@@ -588,7 +600,8 @@ static void tc_wb_write_runs(struct tc_cache *c, struct tc_wb_req *req)
 		atomic64_add(((j - i) * bb) >> SECTOR_SHIFT,
 			     &c->stats.wb_sectors);
 		tc_wb_submit(req, i * bb, (j - i) * bb, c->origin_bdev,
-			     (req->first + i) << c->block_shift, REQ_OP_WRITE);
+			     (req->first + i) << c->block_shift, REQ_OP_WRITE,
+			     tc_wb_endio);
 		i = j;
 	}
 	tc_wb_put(req);
@@ -609,15 +622,19 @@ static void tc_wb_finish_blk(struct tc_cache *c, struct tc_wb_req *req, u32 i,
 {
 	struct tc_wb_blk *blk = &req->blks[i];
 
-	if (written && tc_trylock(&c->locks, &blk->h, req->first + i,
-				  TC_LK_WB)) {
+	if (!written) {
+		tc_wb_untake(blk);
+		return;
+	}
+	/*
+	 * The version written pays what a full flush owed, including a debt
+	 * a rewrite flagged while this request was writing it.
+	 */
+	clear_bit(TC_E_OWED, &blk->e->flags);
+	if (tc_trylock(&c->locks, &blk->h, req->first + i, TC_LK_WB)) {
 		tc_mark_clean(c, blk->e, req->first + i, blk->seq);
 		clear_bit(TC_E_WB, &blk->e->flags);
 		tc_unlock(&c->locks, &blk->h);
-		return;
-	}
-	if (!written) {
-		tc_wb_untake(blk);
 		return;
 	}
 	clear_bit(TC_E_WB, &blk->e->flags);
@@ -648,48 +665,52 @@ static void tc_wb_release(struct tc_cache *c, struct tc_wb_req *req,
 
 static void tc_wb_flush_endio(struct bio *bio)
 {
-	struct tc_wb_batch *batch = bio->bi_private;
-	struct tc_cache *c = batch->c;
+	struct tc_wb_req *lead = bio->bi_private;
+	struct tc_cache *c = lead->c;
 	unsigned long flags;
 
-	batch->status = bio->bi_status;
+	lead->flush_status = bio->bi_status;
 	bio_put(bio);
 	spin_lock_irqsave(&c->fl.lock, flags);
-	list_add_tail(&batch->list, &c->fl.flushed);
+	list_add_tail(&lead->list, &c->fl.flushed);
 	spin_unlock_irqrestore(&c->fl.lock, flags);
 	queue_work(c->wq, &c->fl.done_work);
 }
 
-/* The requests written so far become durable with one origin flush. */
+/*
+ * The requests written so far become durable with one origin flush.  The
+ * first of them leads the batch (no allocation here: this runs on the
+ * reclaim path).
+ */
 static void tc_wb_send_flush(struct tc_cache *c)
 {
 	struct tc_flush *fl = &c->fl;
-	struct tc_wb_batch *batch;
+	struct tc_wb_req *lead;
 	struct bio *bio;
 
-	batch = kmalloc(sizeof(*batch), GFP_NOIO | __GFP_NOFAIL);
-	batch->c = c;
-	INIT_LIST_HEAD(&batch->reqs);
-	list_splice_init(&fl->done, &batch->reqs);
+	lead = list_first_entry(&fl->done, struct tc_wb_req, list);
+	list_del(&lead->list);
+	list_splice_init(&fl->done, &lead->batch);
 	fl->nr_done = 0;
 	bio = bio_alloc_bioset(c->origin_bdev, 0, REQ_OP_WRITE | REQ_PREFLUSH,
 			       GFP_NOIO, &c->bs);
-	bio->bi_private = batch;
+	bio->bi_private = lead;
 	bio->bi_end_io = tc_wb_flush_endio;
 	submit_bio(bio);
 }
 
-static void tc_wb_batch_done(struct tc_cache *c, struct tc_wb_batch *batch)
+static void tc_wb_batch_done(struct tc_cache *c, struct tc_wb_req *lead)
 {
+	blk_status_t status = lead->flush_status;
 	struct tc_wb_req *req, *tmp;
 
-	if (batch->status)
-		tc_flush_latch(c, blk_status_to_errno(batch->status));
-	list_for_each_entry_safe(req, tmp, &batch->reqs, list) {
+	if (status)
+		tc_flush_latch(c, blk_status_to_errno(status));
+	list_for_each_entry_safe(req, tmp, &lead->batch, list) {
 		list_del(&req->list);
-		tc_wb_release(c, req, !batch->status);
+		tc_wb_release(c, req, !status);
 	}
-	kfree(batch);
+	tc_wb_release(c, lead, !status);
 	/* record the clean blocks, so that their slots can be reused */
 	tc_meta_kick(c);
 }
@@ -750,10 +771,10 @@ static void tc_wb_stage_done(struct tc_cache *c, struct tc_wb_req *req)
 	}
 	/* a read failed: nothing was written, the blocks stay dirty */
 	atomic_dec(&c->fl.inflight);
-	if (req->status != BLK_STS_RESOURCE)
-		tc_flush_latch(c, blk_status_to_errno(req->status));
+	if (req->nomem)
+		c->fl.pass_skipped = true;	/* tried again, later */
 	else
-		c->fl.pass_skipped = true;
+		tc_flush_latch(c, blk_status_to_errno(req->status));
 	tc_wb_release(c, req, false);
 	tc_wb_maybe_flush(c);
 	queue_work(c->wq, &c->fl.work);
@@ -763,8 +784,7 @@ static void tc_wb_done_work(struct work_struct *w)
 {
 	struct tc_cache *c = container_of(w, struct tc_cache, fl.done_work);
 	struct tc_flush *fl = &c->fl;
-	struct tc_wb_batch *batch, *btmp;
-	struct tc_wb_req *req, *rtmp;
+	struct tc_wb_req *req, *rtmp, *lead, *ltmp;
 	LIST_HEAD(reqs);
 	LIST_HEAD(batches);
 
@@ -778,9 +798,9 @@ static void tc_wb_done_work(struct work_struct *w)
 		tc_wb_stage_done(c, req);
 		cond_resched();
 	}
-	list_for_each_entry_safe(batch, btmp, &batches, list) {
-		list_del(&batch->list);
-		tc_wb_batch_done(c, batch);
+	list_for_each_entry_safe(lead, ltmp, &batches, list) {
+		list_del(&lead->list);
+		tc_wb_batch_done(c, lead);
 		cond_resched();
 	}
 }
@@ -847,7 +867,13 @@ static void tc_wb_begin_full(struct tc_cache *c)
 	/* a write that sees TC_FL_FULL sees full_seq owe it everything... */
 	smp_mb__before_atomic();
 	set_bit(TC_FL_FULL, &fl->bits);
-	/* ...until the real full_seq, read after the bit is visible */
+	/*
+	 * The request goes only once the flush is seen running (a waiter
+	 * never sees neither); one asked for from now on starts another.
+	 */
+	smp_mb__before_atomic();
+	clear_bit(TC_FL_FULL_REQ, &fl->bits);
+	/* ...until the real full_seq, read after the bits are visible */
 	smp_mb__after_atomic();
 	WRITE_ONCE(fl->full_seq, atomic64_read(&c->write_seq));
 	clear_bit(TC_FL_PAUSED, &fl->bits);
@@ -944,7 +970,7 @@ static void tc_flush_work(struct work_struct *w)
 	for (;;) {
 		if (test_bit(TC_FL_STOPPED, &fl->bits))
 			return;		/* tc_flush_stop() empties the pool */
-		if (test_and_clear_bit(TC_FL_FULL_REQ, &fl->bits))
+		if (test_bit(TC_FL_FULL_REQ, &fl->bits))
 			tc_wb_begin_full(c);
 		if (!tc_wb_wanted(c))
 			break;
@@ -1061,11 +1087,21 @@ void tc_flush_stop(struct tc_cache *c)
 
 void tc_flush_resume(struct tc_cache *c)
 {
-	if (READ_ONCE(c->read_only))
-		return;		/* a read-only table writes nothing back */
-	clear_bit(TC_FL_STOPPED, &c->fl.bits);
-	if (test_bit(TC_FL_PAUSED, &c->fl.bits))
-		mod_delayed_work(c->wq, &c->fl.retry_work, 0);
+	struct tc_flush *fl = &c->fl;
+
+	if (READ_ONCE(c->read_only)) {
+		/* writes nothing back: a flush asked for or begun ends here */
+		if (test_and_clear_bit(TC_FL_FULL_REQ, &fl->bits) |
+		    test_and_clear_bit(TC_FL_FULL, &fl->bits)) {
+			WRITE_ONCE(fl->error, -EROFS);
+			wake_up_all(&fl->wait);
+			tc_flush_event(c);
+		}
+		return;
+	}
+	clear_bit(TC_FL_STOPPED, &fl->bits);
+	if (test_bit(TC_FL_PAUSED, &fl->bits))
+		mod_delayed_work(c->wq, &fl->retry_work, 0);
 	tc_flush_kick(c);
 }
 
@@ -1097,7 +1133,6 @@ int tc_flush_sync(struct tc_cache *c)
 	struct tc_flush *fl = &c->fl;
 
 	tc_flush_start_full(c);
-	wait_event_idle(fl->wait, !test_bit(TC_FL_FULL_REQ, &fl->bits) &&
-			     !test_bit(TC_FL_FULL, &fl->bits));
+	wait_event_idle(fl->wait, !tc_full_pending(fl));
 	return fl->error;
 }

@@ -41,14 +41,16 @@ void tc_buf_free(struct tc_pool *p, struct tc_buf *b)
 static int tc_buf_alloc_order(struct tc_pool *p, struct tc_buf *b,
 			      size_t bytes, unsigned int order)
 {
-	gfp_t gfp = GFP_NOIO;
+	/* every user can do without (runs on the reclaim path): may fail */
+	gfp_t gfp = GFP_NOIO | __GFP_NORETRY | __GFP_NOWARN;
 	unsigned int i;
 
 	if (order)
-		gfp |= __GFP_COMP | __GFP_NORETRY | __GFP_NOWARN;
+		gfp |= __GFP_COMP;
 	b->chunk_bytes = PAGE_SIZE << order;
 	b->nr_chunks = DIV_ROUND_UP(bytes, b->chunk_bytes);
-	b->chunks = kcalloc(b->nr_chunks, sizeof(*b->chunks), GFP_NOIO);
+	b->chunks = kcalloc(b->nr_chunks, sizeof(*b->chunks),
+			    GFP_NOIO | __GFP_NORETRY | __GFP_NOWARN);
 	if (!b->chunks)
 		return -ENOMEM;
 	for (i = 0; i < b->nr_chunks; i++) {
