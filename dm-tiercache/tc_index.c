@@ -27,8 +27,11 @@
 int tc_index_init(struct tc_cache *c)
 {
 	xa_init(&c->index);
-	c->entries = vcalloc(c->nr_slots, sizeof(*c->entries));
-	c->used_map = vcalloc(BITS_TO_LONGS(c->nr_slots), sizeof(long));
+	/* no warning when a huge cache does not fit: the table is refused */
+	c->entries = __vmalloc_array(c->nr_slots, sizeof(*c->entries),
+				     GFP_KERNEL | __GFP_ZERO | __GFP_NOWARN);
+	c->used_map = __vmalloc_array(BITS_TO_LONGS(c->nr_slots), sizeof(long),
+				      GFP_KERNEL | __GFP_ZERO | __GFP_NOWARN);
 	if (!c->entries || !c->used_map) {
 		tc_index_exit(c);
 		return -ENOMEM;
@@ -88,8 +91,12 @@ static bool tc_clock_try(struct tc_cache *c, struct tc_entry *e)
 		return false;
 	if (!tc_trylock(&c->locks, &h, READ_ONCE(e->block), TC_LK_EXCL))
 		return false;
-	/* under the block lock the entry is stable: is it still this one? */
-	if (tc_lookup(c, h.block) != e || tc_is_dirty(c, h.block)) {
+	/*
+	 * Under the block lock the entry is stable: is it still this one,
+	 * still clean, and not made dirty and committed since the check?
+	 */
+	if (tc_lookup(c, h.block) != e || tc_is_dirty(c, h.block) ||
+	    tc_meta_disk_dirty(c, tc_slot_of(c, e))) {
 		tc_unlock(&c->locks, &h);
 		return false;
 	}

@@ -194,23 +194,35 @@ static enum tc_lock_mode tc_bio_lock_mode(struct tc_cache *c, struct bio *bio,
 	return TC_LK_EXCL;
 }
 
+/*
+ * A FUA write that goes around the cache is durable only once no dropped
+ * slot is still recorded dirty on disk: after a crash, such a stale entry
+ * would write its older data over the block.  Dropped slots wait for a
+ * commit only after cache device errors, passthrough write hits and the
+ * like, so such a write rarely has to commit first.
+ */
+static bool tc_around_needs_commit(struct tc_cache *c, struct tc_bio *pb)
+{
+	return pb->fua && tc_meta_stale(c);
+}
+
 /* Lock the bio's block and send it on.  Returns a DM_MAPIO_* value. */
 static int tc_map_rw(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 {
 	u64 block = bio->bi_iter.bi_sector >> c->block_shift;
 	enum tc_action act;
 
-	if (block >= c->nr_blocks) {
-		/* the tail past the last whole block is never cached */
-		bio_set_dev(bio, c->origin_bdev);
-		return DM_MAPIO_REMAPPED;
-	}
 	/*
 	 * Before the lock: device-mapper calls no end_io for a bio its map
 	 * function kills, so a killed bio must not hold one.
 	 */
 	if (bio_data_dir(bio) == WRITE && READ_ONCE(c->read_only))
 		return DM_MAPIO_KILL;	/* a read-only table writes nothing */
+	if (block >= c->nr_blocks) {
+		/* the tail past the last whole block is never cached */
+		bio_set_dev(bio, c->origin_bdev);
+		return DM_MAPIO_REMAPPED;
+	}
 	/* a parked bio comes back holding the lock it was granted */
 	if (!pb->holder.granted &&
 	    !tc_lock_or_defer(&c->locks, &pb->holder, block,
@@ -231,6 +243,11 @@ static int tc_map_rw(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 		tc_remap_cache(c, bio, pb->slot);
 		return DM_MAPIO_REMAPPED;
 	case TC_TO_ORIGIN:
+		if (bio_data_dir(bio) == WRITE && tc_around_needs_commit(c, pb)) {
+			pb->stage = TC_ST_AROUND_FUA;
+			tc_queue_io(c, bio);
+			return DM_MAPIO_SUBMITTED;
+		}
 		bio_set_dev(bio, c->origin_bdev);
 		return DM_MAPIO_REMAPPED;
 	case TC_CONTINUE:
@@ -276,6 +293,7 @@ int tc_map(struct dm_target *ti, struct bio *bio)
 	pb->was_clean = false;
 	pb->discard = false;
 	pb->meta_new = false;
+	pb->fua = bio->bi_opf & REQ_FUA;
 	pb->holder.granted = false;
 	pb->stage = TC_ST_NEW;
 	pb->status = BLK_STS_OK;
@@ -288,6 +306,8 @@ int tc_map(struct dm_target *ti, struct bio *bio)
 	bio->bi_iter.bi_sector = dm_target_offset(ti, bio->bi_iter.bi_sector);
 	pb->iter = bio->bi_iter;
 	if (bio_op(bio) == REQ_OP_DISCARD) {
+		if (READ_ONCE(c->read_only))
+			return DM_MAPIO_KILL;	/* drops nothing, sends nothing */
 		tc_queue_discard(c, bio);
 		return DM_MAPIO_SUBMITTED;
 	}
@@ -346,25 +366,21 @@ int tc_end_io(struct dm_target *ti, struct bio *bio, blk_status_t *error)
 /* ---- bios continued in process context ---- */
 
 /*
- * Drop the slot of a write that goes around the cache after all.  Returns
- * true if the slot may be dirty on disk (a commit may have recorded it).
+ * Drop the slot of a write that goes around the cache after all (if the
+ * slot may be dirty on disk, it waits for a commit: tc_meta_stale()).
  */
-static bool tc_drop_slot(struct tc_cache *c, struct tc_bio *pb)
+static void tc_drop_slot(struct tc_cache *c, struct tc_bio *pb)
 {
 	struct tc_entry *e;
-	bool disk_dirty = false;
 
 	if (!pb->meta_new && !pb->was_clean)
-		return false;
+		return;
 	pb->meta_new = false;
 	pb->was_clean = false;
 	e = tc_lookup(c, pb->block);
-	if (e && tc_slot_of(c, e) == pb->slot) {
-		disk_dirty = tc_meta_disk_dirty(c, pb->slot);
+	if (e && tc_slot_of(c, e) == pb->slot)
 		tc_remove(c, e);
-	}
 	tc_count(c, TC_S_WRITE_BYPASS);
-	return disk_dirty;
 }
 
 /*
@@ -377,15 +393,13 @@ static void tc_to_origin(struct tc_cache *c, struct bio *bio,
 {
 	DMERR_LIMIT("%s: cache device error on block %llu: using the origin",
 		    c->name, pb->block);
-	/*
-	 * A FUA write is durable once acknowledged: a dropped slot that a
-	 * commit may have recorded dirty must be recorded empty first, or a
-	 * crash would write the slot's old data over it.
-	 */
-	if (bio_data_dir(bio) == WRITE && tc_drop_slot(c, pb) &&
-	    (bio->bi_opf & REQ_FUA) && tc_meta_commit(c)) {
-		bio_io_error(bio);
-		return;
+	if (bio_data_dir(bio) == WRITE) {
+		tc_drop_slot(c, pb);
+		/* taken back from the cache: it can only be resubmitted */
+		if (tc_around_needs_commit(c, pb) && tc_meta_commit(c)) {
+			bio_io_error(bio);
+			return;
+		}
 	}
 	pb->to_cache = false;
 	bio->bi_iter = pb->iter;
@@ -539,6 +553,9 @@ static void tc_both_done(struct tc_cache *c, struct bio *bio,
 		tc_remove(c, e);
 	if (dirty && pb->cache_status)
 		pb->status = pb->cache_status;
+	/* the data is on the origin: a stale entry must not overwrite it */
+	if (!pb->status && tc_around_needs_commit(c, pb) && tc_meta_commit(c))
+		pb->status = BLK_STS_IOERR;
 	bio->bi_status = pb->status;
 	bio_endio(bio);
 }
@@ -549,8 +566,9 @@ static void tc_promote_done(struct tc_cache *c, struct bio *bio,
 	u64 block = bio->bi_iter.bi_sector >> c->block_shift;
 
 	tc_buf_free(NULL, &pb->buf);
+	/* a promotion may fail: no waiting for memory on the reclaim path */
 	if (pb->status || pb->cache_status ||
-	    tc_insert(c, pb->slot, block, false, GFP_NOIO))
+	    tc_insert(c, pb->slot, block, false, GFP_NOWAIT))
 		tc_free_slot(c, pb->slot);
 	else
 		tc_meta_set(c, pb->slot, block, false);
@@ -573,6 +591,21 @@ static void tc_fua_done(struct tc_cache *c, struct bio *bio,
 	}
 	tc_record_new(pb);
 	tc_meta_queue_bio(c, bio);
+}
+
+/*
+ * A FUA write around the cache while dropped slots wait for a commit:
+ * the commit first (the write holds its block, so no stale entry of the
+ * block appears meanwhile), then the origin.
+ */
+static void tc_around_fua(struct tc_cache *c, struct bio *bio)
+{
+	if (tc_meta_commit(c)) {
+		bio_io_error(bio);
+		return;
+	}
+	bio_set_dev(bio, c->origin_bdev);
+	dm_submit_bio_remap(bio, NULL);
 }
 
 static void tc_process(struct tc_cache *c, struct bio *bio)
@@ -617,6 +650,9 @@ static void tc_process(struct tc_cache *c, struct bio *bio)
 		break;
 	case TC_ST_TO_ORIGIN:
 		tc_to_origin(c, bio, pb);
+		break;
+	case TC_ST_AROUND_FUA:
+		tc_around_fua(c, bio);
 		break;
 	}
 }

@@ -124,10 +124,20 @@ bool tc_meta_defer_free(struct tc_cache *c, u32 slot)
 
 	spin_lock_irqsave(&m->lock, flags);
 	defer = test_bit(slot, m->disk_dirty);
-	if (defer)
-		__set_bit(slot, m->pending_free);
+	if (defer && !__test_and_set_bit(slot, m->pending_free))
+		atomic_inc(&m->nr_pending_free);
 	spin_unlock_irqrestore(&m->lock, flags);
 	return defer;
+}
+
+/*
+ * Are slots dropped while the disk may still record them dirty?  Until a
+ * commit records them empty, a crash would bring their older data back
+ * over anything written to those blocks around the cache.
+ */
+bool tc_meta_stale(struct tc_cache *c)
+{
+	return atomic_read(&c->meta.nr_pending_free);
 }
 
 /* Complete @bio (a flush or a FUA write) once a commit has ended. */
@@ -297,6 +307,7 @@ static void tc_meta_after_commit(struct tc_cache *c)
 			if (test_bit(s, m->pending_free) &&
 			    !test_bit(s, m->disk_dirty)) {
 				__clear_bit(s, m->pending_free);
+				atomic_dec(&m->nr_pending_free);
 				release = true;
 			}
 			spin_unlock_irq(&m->lock);
@@ -384,15 +395,17 @@ static void tc_meta_timer_work(struct work_struct *w)
 static unsigned long *tc_bitmap_alloc(u64 bits)
 {
 	return kvcalloc(BITS_TO_LONGS(bits), sizeof(unsigned long),
-			GFP_KERNEL);
+			GFP_KERNEL | __GFP_NOWARN);
 }
 
 static int tc_meta_alloc(struct tc_meta *m)
 {
 	u64 n = m->layout.meta_blocks;
 
-	m->image = vzalloc(n * TC_MBLOCK_BYTES);
-	m->shadow = vzalloc(n * TC_MBLOCK_BYTES);
+	m->image = __vmalloc_array(n, TC_MBLOCK_BYTES,
+				   GFP_KERNEL | __GFP_ZERO | __GFP_NOWARN);
+	m->shadow = __vmalloc_array(n, TC_MBLOCK_BYTES,
+				    GFP_KERNEL | __GFP_ZERO | __GFP_NOWARN);
 	/* per-slot and per-block bitmaps: vmalloc, whatever the size */
 	m->changed = tc_bitmap_alloc(n);
 	m->snap = tc_bitmap_alloc(n);
@@ -427,6 +440,7 @@ void tc_meta_init(struct tc_cache *c)
 	spin_lock_init(&m->lock);
 	mutex_init(&m->commit_lock);
 	bio_list_init(&m->waiting);
+	atomic_set(&m->nr_pending_free, 0);
 	INIT_WORK(&m->commit_work, tc_meta_commit_work);
 	INIT_DELAYED_WORK(&m->timer_work, tc_meta_timer_work);
 	m->suspended = true;	/* until the first resume */

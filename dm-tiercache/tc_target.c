@@ -247,6 +247,10 @@ static int tc_flush_message(struct tc_cache *c)
 
 static int tc_cleaner(struct tc_cache *c, const char *arg)
 {
+	if (!strcasecmp(arg, "on") && READ_ONCE(c->read_only)) {
+		DMERR("%s: cleaner refused: the table is read-only", c->name);
+		return -EROFS;
+	}
 	if (!strcasecmp(arg, "on")) {
 		WRITE_ONCE(c->cleaner, true);
 		clear_bit(TC_FL_PAUSED, &c->fl.bits);
@@ -306,27 +310,32 @@ static void tc_postsuspend(struct dm_target *ti)
 /*
  * This table replaces the live one's cache device: the old cache must be
  * clean before it goes.  Writes have been kept clean since the load, so
- * there is little or nothing to write back.  If that fails the resume is
- * refused (every later one too): the dirty blocks stay in the old cache's
- * metadata, and loading a table with the old cache device finds them.
+ * there is little or nothing to write back.  Once nothing is dirty, every
+ * acknowledged write is on the origin and the resume goes on, even if the
+ * old cache's metadata could not record it (then that cache device must
+ * be formatted before it is used again).  If dirty blocks remain, the
+ * resume is refused and the old state is kept, holding them: a later
+ * resume tries again, and a table with the old cache device attaches to
+ * it.
  */
 static int tc_preresume_replace(struct tc_target *t)
 {
 	struct tc_cache *old = t->hold;
 	int dirty, r;
 
-	if (t->hold_error)
-		return t->hold_error;
 	if (!old || old == t->c)
 		return 0;
 	r = tc_flush_drain(old);
+	dirty = atomic_read(&old->nr_dirty);
 	if (!r)
 		return 0;
-	dirty = atomic_read(&old->nr_dirty);
-	DMERR("%s: the cache device this table replaces keeps %d dirty blocks (writeback failed: %d): resume refused; load a table with the old cache device to reach them",
+	if (!dirty) {
+		DMERR("%s: the replaced cache device's metadata could not be updated (%d): format that device before using it again",
+		      old->name, r);
+		return 0;
+	}
+	DMERR("%s: the cache device this table replaces keeps %d dirty blocks (writeback failed: %d): resume refused; resume again to retry, or load a table with the old cache device",
 	      old->name, dirty, r);
-	t->hold_error = r;
-	tc_cache_release_hold(t);
 	return r;
 }
 
@@ -344,7 +353,8 @@ static void tc_preresume_passthrough(struct tc_target *t)
 	t->passthrough_failed = false;
 	if (t->args.mode != TC_MODE_PASSTHROUGH || !atomic_read(&c->nr_dirty))
 		return;
-	r = tc_flush_drain(c);
+	/* a read-only table writes nothing back: it serves the dirty copies */
+	r = t->read_only ? -EROFS : tc_flush_drain(c);
 	if (!r)
 		return;
 	t->passthrough_failed = true;
@@ -388,7 +398,8 @@ static void tc_io_hints(struct dm_target *ti, struct queue_limits *limits)
 	struct tc_target *t = ti->private;
 	unsigned int bytes = t->args.block_sectors << SECTOR_SHIFT;
 
-	limits->discard_granularity = bytes;
+	/* whole blocks, and never finer than the origin discards */
+	limits->discard_granularity = max(limits->discard_granularity, bytes);
 	limits->max_discard_sectors = UINT_MAX >> SECTOR_SHIFT;
 	limits->max_hw_discard_sectors = UINT_MAX >> SECTOR_SHIFT;
 	if (limits->io_min < bytes)
@@ -403,8 +414,8 @@ static int tc_iterate_devices(struct dm_target *ti,
 
 	r = fn(ti, t->origin, 0, ti->len, data);
 	if (!r)
-		r = fn(ti, t->cache_dev, 0,
-		       (sector_t)t->c->nr_slots << t->c->block_shift, data);
+		r = fn(ti, t->cache_dev, 0, t->c->data_start +
+		       ((sector_t)t->c->nr_slots << t->c->block_shift), data);
 	return r;
 }
 

@@ -191,6 +191,7 @@ struct tc_meta {
 	unsigned long *snap;		/* blocks of the running commit */
 	unsigned long *disk_dirty;	/* slots maybe dirty on disk */
 	unsigned long *pending_free;	/* freed slots waiting for a commit */
+	atomic_t nr_pending_free;	/* bits set in pending_free */
 	spinlock_t lock;		/* image, changed, bitmaps, waiting */
 	struct mutex commit_lock;
 	u64 open_seq;			/* the commit new changes go to */
@@ -278,7 +279,6 @@ struct tc_target {
 	unsigned int origin_max_kb;	/* the origin's max_sectors_kb */
 	bool read_only;			/* the table was loaded read-only */
 	bool passthrough_failed;	/* resumed writethrough: still dirty */
-	int hold_error;			/* the replaced cache is still dirty */
 	struct tc_cache *c;
 	/*
 	 * From load to resume, writes to @hold (this device's state, or the
@@ -305,6 +305,7 @@ enum tc_stage {
 	TC_ST_FUA,		/* locked: write the slot, then commit */
 	TC_ST_FUA_DONE,		/* slot write ended: wait for a commit */
 	TC_ST_TO_ORIGIN,	/* cache failed: to the origin instead */
+	TC_ST_AROUND_FUA,	/* locked: commit, then to the origin */
 };
 
 struct tc_bio {
@@ -314,6 +315,8 @@ struct tc_bio {
 	bool to_cache;			/* remapped to its slot */
 	bool was_clean;			/* a write hit on a clean copy */
 	bool discard;			/* holds @range */
+	bool fua;			/* REQ_FUA as mapped (a device below
+					   without a write cache drops it) */
 	enum tc_stage stage;
 	u32 slot;			/* for promotion */
 	u64 block;
@@ -369,6 +372,7 @@ void tc_meta_set(struct tc_cache *c, u32 slot, u64 block, bool dirty);
 void tc_meta_clear(struct tc_cache *c, u32 slot);
 bool tc_meta_disk_dirty(struct tc_cache *c, u32 slot);
 bool tc_meta_defer_free(struct tc_cache *c, u32 slot);
+bool tc_meta_stale(struct tc_cache *c);
 void tc_meta_queue_bio(struct tc_cache *c, struct bio *bio);
 void tc_meta_kick(struct tc_cache *c);
 int tc_meta_commit(struct tc_cache *c);
