@@ -70,7 +70,7 @@ static int tc_cache_setup(struct tc_cache *c)
 	if (r)
 		return r;
 	r = tc_locks_init(&c->locks, TC_LOCK_BUCKETS, tc_holder_of, tc_requeue,
-			  c);
+			  tc_flush_reserved, c);
 	if (r)
 		return r;
 	r = bioset_init(&c->bs, TC_BIOSET_SIZE, 0, BIOSET_NEED_BVECS);

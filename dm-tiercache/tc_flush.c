@@ -148,7 +148,27 @@ static bool tc_wb_wanted(struct tc_cache *c)
 struct tc_gather {
 	struct tc_cache *c;
 	struct tc_wb_req *req;
+	bool lock_busy;			/* a block's lock was taken */
 };
+
+static bool tc_wb_has_resv(struct tc_flush *fl)
+{
+	return !hlist_unhashed(&fl->resv.node);
+}
+
+/* The writeback lock of @b: the reservation of @b once it holds, or a try. */
+static bool tc_wb_trylock(struct tc_cache *c, struct tc_holder *h, u64 b)
+{
+	struct tc_flush *fl = &c->fl;
+
+	if (tc_wb_has_resv(fl) && fl->resv.block == b) {
+		if (!tc_reserve_holds(&c->locks, &fl->resv))
+			return false;
+		tc_lock_move(&c->locks, &fl->resv, h);
+		return true;
+	}
+	return tc_trylock(&c->locks, h, b, TC_LK_WB);
+}
 
 static enum tc_blk_kind tc_gather_take(void *ctx, u64 b)
 {
@@ -160,8 +180,10 @@ static enum tc_blk_kind tc_gather_take(void *ctx, u64 b)
 	blk->dirty = false;
 	blk->owed = false;
 	blk->e = NULL;
-	if (!tc_trylock(&c->locks, &blk->h, b, TC_LK_WB))
+	if (!tc_wb_trylock(c, &blk->h, b)) {
+		g->lock_busy = true;
 		return TC_BLK_BUSY;
+	}
 	blk->held = true;
 	blk->e = tc_lookup(c, b);
 	blk->dirty = blk->e && tc_is_dirty(c, b);
@@ -224,8 +246,9 @@ static void tc_wb_free(struct tc_wb_req *req)
  * A dirty block was busy at the cursor.  A full flush must come back for
  * it only if it holds data older than the flush: a block rewritten since
  * carries a newer sequence, and the flush promised nothing about it.
+ * Returns true if the pass must come back.
  */
-static void tc_wb_skipped(struct tc_cache *c, u64 block)
+static bool tc_wb_skipped(struct tc_cache *c, u64 block)
 {
 	struct tc_flush *fl = &c->fl;
 	struct tc_entry *e;
@@ -235,10 +258,46 @@ static void tc_wb_skipped(struct tc_cache *c, u64 block)
 		if (e && READ_ONCE(e->seq) > fl->full_seq) {
 			smp_rmb();	/* pairs with tc_mark_dirty() */
 			if (!test_bit(TC_E_OWED, &e->flags))
-				return;
+				return false;
 		}
 	}
 	fl->pass_skipped = true;
+	return true;
+}
+
+/* Lock-table callback: the engine's reservation holds its block. */
+void tc_flush_reserved(void *ctx)
+{
+	struct tc_cache *c = ctx;
+
+	set_bit(TC_FL_RESV_READY, &c->fl.bits);
+	tc_flush_kick(c);
+}
+
+/*
+ * A block a full flush (or the cleaner) must write was locked: writers
+ * that overlap may hand it to each other for ever.  Reserve it, one block
+ * at a time: writers that come later wait for writeback to read it.
+ */
+static void tc_wb_reserve(struct tc_cache *c, u64 b)
+{
+	struct tc_flush *fl = &c->fl;
+
+	if (tc_wb_has_resv(fl) ||
+	    (!test_bit(TC_FL_FULL, &fl->bits) && !READ_ONCE(c->cleaner)))
+		return;
+	if (tc_lock_or_reserve(&c->locks, &fl->resv, b, TC_LK_WB))
+		set_bit(TC_FL_RESV_READY, &fl->bits);
+}
+
+/* Give the reservation up (the flush is over, or the engine stops). */
+static void tc_wb_drop_resv(struct tc_cache *c)
+{
+	struct tc_flush *fl = &c->fl;
+
+	if (tc_wb_has_resv(fl))
+		tc_reserve_cancel(&c->locks, &fl->resv);
+	clear_bit(TC_FL_RESV_READY, &fl->bits);
 }
 
 /*
@@ -327,12 +386,12 @@ static struct tc_wb_req *tc_wb_own(struct tc_cache *c, struct tc_wb_req *g)
 }
 
 /*
- * The next request from the cursor.  NULL at the end of a pass,
- * ERR_PTR(-EAGAIN) when the dirty block under the cursor was busy.
+ * The next request from *@cursor (the sweep's, or a reserved block).  NULL
+ * at the end of a pass, ERR_PTR(-EAGAIN) when the dirty block under the
+ * cursor was busy.
  */
-static struct tc_wb_req *tc_wb_gather(struct tc_cache *c)
+static struct tc_wb_req *tc_wb_gather(struct tc_cache *c, u64 *cursor)
 {
-	struct tc_flush *fl = &c->fl;
 	struct tc_plan_limits lim = {
 		.end = c->nr_blocks,
 		.max_blocks = (READ_ONCE(c->val[TC_KEY_MAX_FLUSH_KB]) * 2) >>
@@ -341,17 +400,17 @@ static struct tc_wb_req *tc_wb_gather(struct tc_cache *c)
 			      c->block_shift,
 	};
 	struct tc_gather g = { .c = c };
-	unsigned long idx = fl->cursor;
+	unsigned long idx = *cursor;
 	struct tc_wb_req *req;
 	enum tc_blk_kind k;
 
 	if (idx >= c->nr_blocks ||
 	    !xa_find(&c->index, &idx, c->nr_blocks - 1, TC_DIRTY))
 		return NULL;
-	fl->cursor = idx + 1;
+	*cursor = idx + 1;
 	req = tc_wb_scratch(c, max_t(u32, lim.max_blocks, 1));
 	if (!req) {
-		fl->cursor = idx;
+		*cursor = idx;
 		return ERR_PTR(-ENOMEM);
 	}
 	req->c = c;
@@ -361,17 +420,38 @@ static struct tc_wb_req *tc_wb_gather(struct tc_cache *c)
 	if (k != TC_BLK_DIRTY) {
 		if (k == TC_BLK_HOLE)
 			tc_gather_give_back(&g, idx);
-		else
-			tc_wb_skipped(c, idx);
+		else if (tc_wb_skipped(c, idx) && g.lock_busy)
+			tc_wb_reserve(c, idx);
 		return ERR_PTR(-EAGAIN);
 	}
 	req->nr = tc_plan_extend(&tc_gather_ops, &g, idx, &lim);
-	fl->cursor = idx + req->nr;
+	*cursor = idx + req->nr;
 	req = tc_wb_own(c, req);
 	if (!req) {
-		fl->cursor = idx;
+		*cursor = idx;
 		return ERR_PTR(-ENOMEM);
 	}
+	return req;
+}
+
+/*
+ * The reservation holds its block: a request from that block now, so the
+ * writers parked behind it wait no longer than its read.  If the block is
+ * no longer dirty, the reservation goes.  NULL if there is none to take.
+ */
+static struct tc_wb_req *tc_wb_gather_reserved(struct tc_cache *c)
+{
+	struct tc_flush *fl = &c->fl;
+	struct tc_wb_req *req = NULL;
+	u64 at = fl->resv.block;
+
+	if (!test_and_clear_bit(TC_FL_RESV_READY, &fl->bits) ||
+	    !tc_wb_has_resv(fl) || !tc_reserve_holds(&c->locks, &fl->resv))
+		return NULL;
+	if (tc_is_dirty(c, at))
+		req = tc_wb_gather(c, &at);
+	if (tc_wb_has_resv(fl))
+		tc_wb_drop_resv(c);	/* not taken (ENOMEM: tried again) */
 	return req;
 }
 
@@ -888,6 +968,8 @@ static void tc_wb_end_full(struct tc_cache *c, bool ok)
 {
 	struct tc_flush *fl = &c->fl;
 
+	if (!READ_ONCE(c->cleaner))
+		tc_wb_drop_resv(c);
 	if (ok)
 		fl->flushes++;
 	else
@@ -977,7 +1059,9 @@ static void tc_flush_work(struct work_struct *w)
 		if (atomic_read(&fl->inflight) >=
 		    READ_ONCE(c->val[TC_KEY_FLUSH_DEPTH]))
 			return;		/* a write completion requeues us */
-		req = tc_wb_gather(c);
+		req = tc_wb_gather_reserved(c);
+		if (!req)
+			req = tc_wb_gather(c, &fl->cursor);
 		if (req == ERR_PTR(-ENOMEM)) {
 			tc_wb_later(c, TC_WB_NOMEM_DELAY);
 			return;
@@ -1010,6 +1094,7 @@ static void tc_flush_work(struct work_struct *w)
 		cond_resched();
 	}
 	/* writeback is idle: its buffers go back to the system */
+	tc_wb_drop_resv(c);
 	tc_pool_stop(&fl->pool);
 }
 
@@ -1031,6 +1116,7 @@ void tc_flush_init(struct tc_cache *c)
 	tc_pool_init(&fl->pool);
 	INIT_DELAYED_WORK(&fl->retry_work, tc_wb_retry_work);
 	INIT_DELAYED_WORK(&fl->later_work, tc_wb_later_work);
+	INIT_HLIST_NODE(&fl->resv.node);
 	fl->bits = BIT(TC_FL_STOPPED);
 }
 
@@ -1082,6 +1168,7 @@ void tc_flush_stop(struct tc_cache *c)
 	/* only the engine pauses: after it, the retry timer stays off */
 	cancel_delayed_work_sync(&fl->retry_work);
 	clear_bit(TC_FL_PASS_END, &fl->bits);
+	tc_wb_drop_resv(c);
 	tc_pool_stop(&fl->pool);
 }
 

@@ -20,6 +20,12 @@
  * lockers of the same block out, so a stream of readers cannot starve a
  * writer.
  *
+ * A reservation (the writeback engine's, which cannot park a bio) waits in
+ * the held list: new conflicting lockers park behind it, and the unlock
+ * that leaves no conflicting holder turns it into a hold and calls the
+ * owner's reserved callback.  So a block that overlapping writers hand to
+ * each other for ever is still taken by writeback, in its turn.
+ *
  * A range lock (a discard) keeps every new holder out of its blocks and
  * waits for the holders already in them; bios that meet a range are parked
  * until a range goes.  Ranges do not overlap: a second one waits.
@@ -38,7 +44,8 @@ static struct tc_lock_bucket *tc_bucket(struct tc_locks *l, u64 block)
 
 int tc_locks_init(struct tc_locks *l, unsigned int nr_buckets,
 		  struct tc_holder *(*holder_of)(struct bio *bio),
-		  void (*requeue)(void *ctx, struct bio_list *bios), void *ctx)
+		  void (*requeue)(void *ctx, struct bio_list *bios),
+		  void (*reserved)(void *ctx), void *ctx)
 {
 	unsigned int i;
 
@@ -57,9 +64,11 @@ int tc_locks_init(struct tc_locks *l, unsigned int nr_buckets,
 	spin_lock_init(&l->range_lock);
 	INIT_LIST_HEAD(&l->ranges);
 	atomic_set(&l->nr_ranges, 0);
+	atomic_set(&l->nr_queued, 0);
 	bio_list_init(&l->range_waiters);
 	l->holder_of = holder_of;
 	l->requeue = requeue;
+	l->reserved = reserved;
 	l->ctx = ctx;
 	return 0;
 }
@@ -134,7 +143,44 @@ static void tc_hold(struct tc_lock_bucket *b, struct tc_holder *h, u64 block,
 {
 	h->block = block;
 	h->mode = mode;
+	h->queued = false;
 	hlist_add_head(&h->node, &b->held);
+}
+
+/* Does a holder (not a reservation) of @block conflict with @mode? */
+static bool tc_holders_conflict(struct tc_lock_bucket *b, u64 block,
+				enum tc_lock_mode mode)
+{
+	struct tc_holder *h;
+
+	hlist_for_each_entry(h, &b->held, node)
+		if (h->block == block && !h->queued &&
+		    tc_modes_conflict(h->mode, mode))
+			return true;
+	return false;
+}
+
+/*
+ * A holder of @block let go: the reservation of the block, if nothing
+ * conflicts with it now, holds.  Returns it.  Under the bucket lock.
+ */
+static struct tc_holder *tc_reserve_grant(struct tc_locks *l,
+					  struct tc_lock_bucket *b, u64 block)
+{
+	struct tc_holder *h;
+
+	if (!atomic_read(&l->nr_queued))
+		return NULL;
+	hlist_for_each_entry(h, &b->held, node) {
+		if (h->block != block || !h->queued)
+			continue;
+		if (tc_holders_conflict(b, block, h->mode))
+			return NULL;
+		h->queued = false;
+		atomic_dec(&l->nr_queued);
+		return h;
+	}
+	return NULL;
 }
 
 /* Take @block for @h if nothing conflicts; @bio (if any) waits otherwise. */
@@ -215,16 +261,20 @@ static void tc_grant(struct tc_locks *l, struct tc_lock_bucket *b, u64 block,
 void tc_unlock(struct tc_locks *l, struct tc_holder *h)
 {
 	struct tc_lock_bucket *b = tc_bucket(l, h->block);
+	struct tc_holder *reserved;
 	struct bio_list granted;
 	unsigned long flags;
 
 	bio_list_init(&granted);
 	spin_lock_irqsave(&b->lock, flags);
 	hlist_del_init(&h->node);
+	reserved = tc_reserve_grant(l, b, h->block);
 	if (!bio_list_empty(&b->waiters))
 		tc_grant(l, b, h->block, &granted);
 	spin_unlock_irqrestore(&b->lock, flags);
 
+	if (reserved)
+		l->reserved(l->ctx);
 	if (!bio_list_empty(&granted))
 		l->requeue(l->ctx, &granted);
 	if (wq_has_sleeper(&l->wait))
@@ -242,9 +292,76 @@ void tc_lock_move(struct tc_locks *l, struct tc_holder *from,
 	to->block = from->block;
 	to->mode = from->mode;
 	to->granted = false;
+	to->queued = false;
 	hlist_add_behind(&to->node, &from->node);
 	hlist_del_init(&from->node);
 	spin_unlock_irqrestore(&b->lock, flags);
+}
+
+/*
+ * Take @block for @h, or else reserve it: @h waits in the held list, ahead
+ * of the bios parked later, and holds once the holders in its way let go
+ * (the reserved callback says so).  A block inside a range is neither
+ * taken nor reserved (@h stays unhashed).  Returns true if @h holds the
+ * block now.
+ */
+bool tc_lock_or_reserve(struct tc_locks *l, struct tc_holder *h, u64 block,
+			enum tc_lock_mode mode)
+{
+	struct tc_lock_bucket *b = tc_bucket(l, block);
+	unsigned long flags;
+	bool taken = false;
+
+	spin_lock_irqsave(&b->lock, flags);
+	if (!tc_range_blocks(l, block, NULL)) {
+		taken = !tc_holders_conflict(b, block, mode);
+		tc_hold(b, h, block, mode);
+		if (!taken) {
+			h->queued = true;
+			atomic_inc(&l->nr_queued);
+		}
+	}
+	spin_unlock_irqrestore(&b->lock, flags);
+	return taken;
+}
+
+/* Does the reservation @h hold its block now? */
+bool tc_reserve_holds(struct tc_locks *l, struct tc_holder *h)
+{
+	struct tc_lock_bucket *b = tc_bucket(l, h->block);
+	unsigned long flags;
+	bool holds;
+
+	spin_lock_irqsave(&b->lock, flags);
+	holds = !hlist_unhashed(&h->node) && !h->queued;
+	spin_unlock_irqrestore(&b->lock, flags);
+	return holds;
+}
+
+/* Give a reservation up, whether it holds its block yet or not. */
+void tc_reserve_cancel(struct tc_locks *l, struct tc_holder *h)
+{
+	struct tc_lock_bucket *b = tc_bucket(l, h->block);
+	struct bio_list granted;
+	unsigned long flags;
+	bool holds;
+
+	bio_list_init(&granted);
+	spin_lock_irqsave(&b->lock, flags);
+	holds = !hlist_unhashed(&h->node) && !h->queued;
+	if (h->queued) {
+		/* the bios parked behind it may go */
+		hlist_del_init(&h->node);
+		h->queued = false;
+		atomic_dec(&l->nr_queued);
+		if (!bio_list_empty(&b->waiters))
+			tc_grant(l, b, h->block, &granted);
+	}
+	spin_unlock_irqrestore(&b->lock, flags);
+	if (!bio_list_empty(&granted))
+		l->requeue(l->ctx, &granted);
+	if (holds)
+		tc_unlock(l, h);
 }
 
 /* ---- range locks ---- */

@@ -21,6 +21,7 @@ struct tc_holder {
 	u64 block;
 	enum tc_lock_mode mode;
 	bool granted;		/* handed over while its bio was parked */
+	bool queued;		/* a reservation, not yet holding */
 };
 
 /* blocks [first, end) that no holder may take while it is held */
@@ -44,14 +45,17 @@ struct tc_locks {
 	struct list_head ranges;
 	atomic_t nr_ranges;
 	struct bio_list range_waiters;
+	atomic_t nr_queued;		/* reservations not yet holding */
 	struct tc_holder *(*holder_of)(struct bio *bio);
 	void (*requeue)(void *ctx, struct bio_list *bios);
+	void (*reserved)(void *ctx);	/* a reservation now holds */
 	void *ctx;
 };
 
 int tc_locks_init(struct tc_locks *l, unsigned int nr_buckets,
 		  struct tc_holder *(*holder_of)(struct bio *bio),
-		  void (*requeue)(void *ctx, struct bio_list *bios), void *ctx);
+		  void (*requeue)(void *ctx, struct bio_list *bios),
+		  void (*reserved)(void *ctx), void *ctx);
 void tc_locks_exit(struct tc_locks *l);
 bool tc_trylock(struct tc_locks *l, struct tc_holder *h, u64 block,
 		enum tc_lock_mode mode);
@@ -60,6 +64,10 @@ bool tc_lock_or_defer(struct tc_locks *l, struct tc_holder *h, u64 block,
 void tc_unlock(struct tc_locks *l, struct tc_holder *h);
 void tc_lock_move(struct tc_locks *l, struct tc_holder *from,
 		  struct tc_holder *to);
+bool tc_lock_or_reserve(struct tc_locks *l, struct tc_holder *h, u64 block,
+			enum tc_lock_mode mode);
+bool tc_reserve_holds(struct tc_locks *l, struct tc_holder *h);
+void tc_reserve_cancel(struct tc_locks *l, struct tc_holder *h);
 void tc_range_lock(struct tc_locks *l, struct tc_range *r, u64 first,
 		   u64 end);
 void tc_range_unlock(struct tc_locks *l, struct tc_range *r);

@@ -152,6 +152,7 @@ enum tc_flush_bits {
 	TC_FL_STOPPED,		/* suspended: issue nothing */
 	TC_FL_PAUSED,		/* background paused after an error */
 	TC_FL_PASS_END,		/* pass over: waiting for its requests */
+	TC_FL_RESV_READY,	/* the reservation holds its block */
 };
 
 struct tc_flush {
@@ -179,6 +180,7 @@ struct tc_flush {
 	unsigned int backoff_ms;	/* the next pause */
 	struct tc_wb_req *scratch;	/* gathers a request before sizing it */
 	u32 scratch_blocks;
+	struct tc_holder resv;		/* a busy block a flush must write */
 };
 
 /* ---- tc_meta.c: persistent metadata ---- */
@@ -315,8 +317,9 @@ struct tc_bio {
 	bool to_cache;			/* remapped to its slot */
 	bool was_clean;			/* a write hit on a clean copy */
 	bool discard;			/* holds @range */
-	bool fua;			/* REQ_FUA as mapped (a device below
-					   without a write cache drops it) */
+	bool fua;			/* REQ_FUA as mapped (kept: a device
+					 * without a write cache drops it)
+					 */
 	enum tc_stage stage;
 	u32 slot;			/* for promotion */
 	u64 block;
@@ -394,6 +397,7 @@ void tc_queue_io(struct tc_cache *c, struct bio *bio);
 void tc_flush_init(struct tc_cache *c);
 void tc_flush_start_full(struct tc_cache *c);
 void tc_flush_kick(struct tc_cache *c);
+void tc_flush_reserved(void *ctx);
 bool tc_flush_owes(struct tc_cache *c, u64 seq);
 void tc_flush_check_watermark(struct tc_cache *c);
 void tc_flush_stop(struct tc_cache *c);
