@@ -72,6 +72,7 @@ struct tc_wb_req {
 	struct list_head list;
 	struct tc_cache *c;
 	enum tc_wb_stage stage;
+	u32 full_gen;			/* fl->full_gen when gathered */
 	u64 first;
 	u32 nr;
 	u32 nr_dirty;
@@ -151,9 +152,10 @@ struct tc_gather {
 	bool lock_busy;			/* a block's lock was taken */
 };
 
+/* Only the engine links or unlinks its reservation: no lock needed. */
 static bool tc_wb_has_resv(struct tc_flush *fl)
 {
-	return !hlist_unhashed(&fl->resv.node);
+	return !hlist_unhashed_lockless(&fl->resv.node);
 }
 
 /* The writeback lock of @b: the reservation of @b once it holds, or a try. */
@@ -367,6 +369,7 @@ static struct tc_wb_req *tc_wb_own(struct tc_cache *c, struct tc_wb_req *g)
 		req->c = c;
 		req->first = g->first;
 		req->nr = g->nr;
+		req->full_gen = READ_ONCE(c->fl.full_gen);
 		INIT_LIST_HEAD(&req->batch);
 	}
 	for (i = 0; i < g->nr; i++) {
@@ -707,10 +710,14 @@ static void tc_wb_finish_blk(struct tc_cache *c, struct tc_wb_req *req, u32 i,
 		return;
 	}
 	/*
-	 * The version written pays what a full flush owed, including a debt
-	 * a rewrite flagged while this request was writing it.
+	 * Taken during the running full flush, the version written pays what
+	 * the flush owed, including a debt a rewrite flagged while this
+	 * request was writing it (it replaced this version).  A request taken
+	 * before the flush began may have written an older version.
 	 */
-	clear_bit(TC_E_OWED, &blk->e->flags);
+	if (test_bit(TC_FL_FULL, &c->fl.bits) &&
+	    req->full_gen == READ_ONCE(c->fl.full_gen))
+		clear_bit(TC_E_OWED, &blk->e->flags);
 	if (tc_trylock(&c->locks, &blk->h, req->first + i, TC_LK_WB)) {
 		tc_mark_clean(c, blk->e, req->first + i, blk->seq);
 		clear_bit(TC_E_WB, &blk->e->flags);
@@ -943,6 +950,7 @@ static void tc_wb_begin_full(struct tc_cache *c)
 {
 	struct tc_flush *fl = &c->fl;
 
+	WRITE_ONCE(fl->full_gen, fl->full_gen + 1);
 	WRITE_ONCE(fl->full_seq, U64_MAX);
 	/* a write that sees TC_FL_FULL sees full_seq owe it everything... */
 	smp_mb__before_atomic();
@@ -1178,9 +1186,12 @@ void tc_flush_resume(struct tc_cache *c)
 
 	if (READ_ONCE(c->read_only)) {
 		/* writes nothing back: a flush asked for or begun ends here */
-		if (test_and_clear_bit(TC_FL_FULL_REQ, &fl->bits) |
-		    test_and_clear_bit(TC_FL_FULL, &fl->bits)) {
+		if (test_bit(TC_FL_FULL_REQ, &fl->bits) ||
+		    test_bit(TC_FL_FULL, &fl->bits)) {
 			WRITE_ONCE(fl->error, -EROFS);
+			smp_mb__before_atomic();	/* the error, then the end */
+			clear_bit(TC_FL_FULL_REQ, &fl->bits);
+			clear_bit(TC_FL_FULL, &fl->bits);
 			wake_up_all(&fl->wait);
 			tc_flush_event(c);
 		}

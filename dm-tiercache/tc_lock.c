@@ -362,6 +362,8 @@ void tc_reserve_cancel(struct tc_locks *l, struct tc_holder *h)
 		l->requeue(l->ctx, &granted);
 	if (holds)
 		tc_unlock(l, h);
+	else if (wq_has_sleeper(&l->wait))
+		wake_up(&l->wait);	/* a range waiting for it */
 }
 
 /* ---- range locks ---- */

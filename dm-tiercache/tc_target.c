@@ -314,15 +314,19 @@ static void tc_postsuspend(struct dm_target *ti)
  * acknowledged write is on the origin and the resume goes on, even if the
  * old cache's metadata could not record it (then that cache device must
  * be formatted before it is used again).  If dirty blocks remain, the
- * resume is refused and the old state is kept, holding them: a later
- * resume tries again, and a table with the old cache device attaches to
- * it.
+ * resume is refused, and every later resume of a table over this new
+ * cache state too: the old state is let go while the old table still
+ * holds its devices, so its last commit keeps the dirty blocks in the old
+ * cache device's metadata, and a table with the old cache device loads
+ * them.
  */
 static int tc_preresume_replace(struct tc_target *t)
 {
 	struct tc_cache *old = t->hold;
 	int dirty, r;
 
+	if (t->c->replace_error)
+		return t->c->replace_error;
 	if (!old || old == t->c)
 		return 0;
 	r = tc_flush_drain(old);
@@ -334,8 +338,10 @@ static int tc_preresume_replace(struct tc_target *t)
 		      old->name, r);
 		return 0;
 	}
-	DMERR("%s: the cache device this table replaces keeps %d dirty blocks (writeback failed: %d): resume refused; resume again to retry, or load a table with the old cache device",
+	DMERR("%s: the cache device this table replaces keeps %d dirty blocks (writeback failed: %d): resume refused; load a table with the old cache device to reach them",
 	      old->name, dirty, r);
+	t->c->replace_error = r;
+	tc_cache_release_hold(t);
 	return r;
 }
 

@@ -161,6 +161,7 @@ struct tc_flush {
 	unsigned long bits;		/* enum tc_flush_bits */
 	u64 cursor;			/* next origin block of the sweep */
 	u64 full_seq;			/* write_seq when the full flush began */
+	u32 full_gen;			/* full flushes begun */
 	bool pass_skipped;		/* a dirty block was busy this pass */
 	bool pass_issued;		/* a request was issued this pass */
 	int pass_error;
@@ -251,6 +252,9 @@ struct tc_cache {
 	bool cleaner;
 	bool read_only;			/* no writeback, no metadata writes */
 	atomic_t no_dirty;		/* tables loaded that keep writes clean */
+	int replace_error;		/* this cache was to replace one that
+					 * kept dirty blocks: no resume
+					 */
 	unsigned int val[TC_NR_KEYS];
 
 	/* deferred bio processing */
