@@ -60,6 +60,7 @@ import pytest
 
 import logwrites
 import tclib
+from faults import fsync_path
 from tclib import MiB, KiB
 
 pytestmark = [pytest.mark.module, pytest.mark.usefixtures("tc_module")]
@@ -184,14 +185,6 @@ def note(msg):
 
 def sha(data):
     return hashlib.sha256(data).hexdigest()
-
-
-def fsync_path(p):
-    fd = os.open(p, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Fs:

@@ -24,16 +24,18 @@ device run in a child process with a timeout.
 """
 
 import fcntl
+import functools
 import os
 import random
 import struct
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+import faults
 import tclib
+from faults import BgCmd, clean_err, committed_dirty, dm_info, fsync_path, rnd, scratch
 from tclib import KiB, MiB
 
 pytestmark = [pytest.mark.module, pytest.mark.usefixtures("tc_module")]
@@ -41,13 +43,13 @@ pytestmark = [pytest.mark.module, pytest.mark.usefixtures("tc_module")]
 B = 4096            # tiercache block (8 sectors) and ext4 block
 BLK = 8
 FIBMAP = 1
+SCRATCH = "tcr90"   # prefix of this file's scratch files
+
+dd_read = functools.partial(faults.dd_read, prefix=SCRATCH)
+dd_write = functools.partial(faults.dd_write, prefix=SCRATCH)
 
 
 # ---------------------------------------------------------------- helpers
-
-def rnd(tag, n=B):
-    return random.Random(tag).randbytes(n)
-
 
 def name_of(data, named):
     """Which of the named byte strings `data` is (for failure messages)."""
@@ -55,86 +57,6 @@ def name_of(data, named):
         if data == v:
             return k
     return "none of " + ", ".join(named) + f" (starts {tclib.hexdump16(data)})"
-
-
-def dm_info(name):
-    """`dmsetup info NAME` as a dict, None if there is no such device."""
-    p = tclib.run(["dmsetup", "info", name], check=False, quiet=True, timeout=30)
-    if p.returncode != 0:
-        return None
-    d = {}
-    for ln in p.stdout.splitlines():
-        if ":" in ln:
-            k, v = ln.split(":", 1)
-            d[k.strip()] = v.strip()
-    return d
-
-
-def clean_err(s):
-    """dmsetup's stderr without its udev notice."""
-    return " ".join(x for x in s.splitlines()
-                    if x.strip() and not x.startswith(("Udev is running", "Command failed")))
-
-
-def scratch(tag):
-    return os.path.join(tclib.WORKDIR, f"tcr90-{os.getpid()}-{tag}")
-
-
-def dd_read(path, off, n, timeout=30):
-    """O_DIRECT read in a child process (cannot block the test)."""
-    out = scratch("read")
-    try:
-        tclib.run(["dd", f"if={path}", f"of={out}", f"bs={n}", "count=1", f"skip={off}",
-                   "iflag=direct,skip_bytes", "status=none"], timeout=timeout)
-        data = Path(out).read_bytes()
-    finally:
-        if os.path.exists(out):
-            os.unlink(out)
-    assert len(data) == n, f"short read of {path} at {off}: {len(data)}/{n}"
-    return data
-
-
-def dd_write(path, off, data, sync="fsync", timeout=30, check=True):
-    """O_DIRECT write in a child process; sync: 'fsync' (then fsync),
-    'dsync' (O_DSYNC) or None."""
-    src = scratch("write")
-    Path(src).write_bytes(data)
-    oflag = "direct,seek_bytes" + (",dsync" if sync == "dsync" else "")
-    conv = "notrunc" + (",fsync" if sync == "fsync" else "")
-    try:
-        return tclib.run(["dd", f"if={src}", f"of={path}", f"bs={len(data)}", "count=1",
-                          f"seek={off}", f"oflag={oflag}", f"conv={conv}", "status=none"],
-                         timeout=timeout, check=check)
-    finally:
-        os.unlink(src)
-
-
-class Bg:
-    """A child process whose end is awaited with a deadline."""
-
-    def __init__(self, cmd, what):
-        self.what = what
-        tclib.log(f"background ({what}): {' '.join(map(str, cmd))[:200]}")
-        self.p = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env=tclib.ENV)
-        self.rc = None
-        self.err = ""
-
-    def wait(self, timeout):
-        """The exit code, or None if still running after `timeout` s."""
-        if self.rc is not None:
-            return self.rc
-        try:
-            out, err = self.p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-        self.rc, self.err = self.p.returncode, (out + err).strip()
-        tclib.log(f"background ({self.what}) ended: rc={self.rc} {self.err[:300]}")
-        return self.rc
-
-    def kill(self):
-        if self.rc is None:
-            self.p.kill()
 
 
 DISCARD_PY = ("import fcntl,os,struct,sys\n"
@@ -184,24 +106,6 @@ def read_image(path, size, chunk=MiB):
     for off in range(0, size, chunk):
         img[off:off + chunk] = tclib.read_direct(path, off, min(chunk, size - off))
     return bytes(img)
-
-
-SB_SEQ, SB_SLOTS = 16, 32
-ENTRY = struct.Struct("<QQIIII")      # block, seq, slot, flags, csum, reserved
-
-
-def committed_dirty(cache):
-    """Origin blocks of the committed dirty entries on a cache device."""
-    sb = tclib.read_direct(cache, 0, B)
-    seq = struct.unpack_from("<Q", sb, SB_SEQ)[0]
-    nr = struct.unpack_from("<Q", sb, SB_SLOTS)[0]
-    raw = tclib.read_direct(cache, 8 * 512, (nr * 32 + B - 1) // B * B)
-    out = set()
-    for s in range(nr):
-        blk, eseq, _slot, flags, _c, _r = ENTRY.unpack_from(raw, s * 32)
-        if flags & 2 and eseq <= seq:
-            out.add(blk)
-    return out
 
 
 def stat_keys(st, keys=("writes", "write_sectors", "flushes")):
@@ -340,7 +244,7 @@ def test_02_refused_creates_leave_nothing_behind(stack):
     cache = stack.ram(4 * MiB)
     blank = stack.ram(4 * MiB)
     small = stack.ram(64 * KiB)
-    regular = scratch("regular")
+    regular = scratch(SCRATCH, "regular")
     Path(regular).write_bytes(b"\0" * 4 * MiB)
     stack._defer(os.unlink, regular)
     length = tclib.size_sectors(origin)
@@ -408,7 +312,7 @@ def test_04_fua_write_after_discard_survives_crash(stack):
     tclib.run(["mkfs.ext4", "-q", "-F", "-b", "4096",
                "-E", "nodiscard,lazy_itable_init=0,lazy_journal_init=0", tc.path], timeout=300)
     tc.flush(timeout=120)
-    mnt = Path(scratch("mnt"))
+    mnt = Path(scratch(SCRATCH, "mnt"))
     mnt.mkdir(exist_ok=True)
     tclib.run(["mount", "-t", "ext4", "-o", "noatime,nodiscard,commit=300,noinit_itable",
                tc.path, str(mnt)])
@@ -440,7 +344,7 @@ def test_04_fua_write_after_discard_survives_crash(stack):
     cdev_suspended = True
     notes = []
     try:
-        disc = Bg(["python3", "-c", DISCARD_PY, tc.path, phys * B, B], "discard")
+        disc = BgCmd(["python3", "-c", DISCARD_PY, tc.path, phys * B, B], "discard")
         rc = disc.wait(5)
         if rc is None:
             notes.append("the discard waited for the cache device")
@@ -449,7 +353,7 @@ def test_04_fua_write_after_discard_survives_crash(stack):
             rc = disc.wait(30)
             assert rc is not None, "the discard did not end within 30 s of the cache's resume"
         assert rc == 0, f"the discard failed: {disc.err}"
-        w = Bg(["python3", "-c", DSYNC_PY, f, boff, b.hex()], "O_DIRECT|O_DSYNC write")
+        w = BgCmd(["python3", "-c", DSYNC_PY, f, boff, b.hex()], "O_DIRECT|O_DSYNC write")
         rc = w.wait(5)
         if rc is None:
             notes.append("the FUA write waited for the cache device")
@@ -504,11 +408,7 @@ def _write_dirty(tc, tag, n):
     for blk in blocks:
         data[blk] = rnd(f"{tag}-{blk}")
         tclib.write_direct(tc.path, blk * B, data[blk])
-    fd = os.open(tc.path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(tc.path)
     st = tc.status()
     assert st["dirty"] == n, st["raw"]
     return data
@@ -518,7 +418,7 @@ def _cache_with_dirty(stack, origin, cache_path, n=64, tag="7"):
     tc = stack.tiercache(origin, cache_path, BLK, "writeback", name=f"tcr{tag}")
     data = _write_dirty(tc, tag, n)
     tc.remove()
-    assert committed_dirty(cache_path) == set(data)
+    assert set(committed_dirty(cache_path)) == set(data)
     return data
 
 

@@ -22,6 +22,8 @@ import time
 import pytest
 
 import tclib
+from faults import (Bg, find_in_device, linear_with_error, named_nullb, rnd, start_fio,
+                    stop_fio, swap, wait_until)
 from tclib import MiB
 
 pytestmark = [pytest.mark.module, pytest.mark.usefixtures("tc_module")]
@@ -31,83 +33,6 @@ S = B // 512          # sectors per 4 KiB block
 
 
 # ---------------------------------------------------------------- helpers
-
-def wait_until(cond, timeout, what, step=0.02):
-    """Poll cond() until true; AssertionError naming `what` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(step)
-
-
-class Bg:
-    """A function run in a daemon thread, joined with a deadline."""
-
-    def __init__(self, fn, *args):
-        self.value = self.error = None
-        self.t0 = time.monotonic()
-        self.t1 = None
-
-        def body():
-            try:
-                self.value = fn(*args)
-            except BaseException as e:     # noqa: B902 - reported by join()
-                self.error = e
-            self.t1 = time.monotonic()
-        self.thread = threading.Thread(target=body, daemon=True)
-        self.thread.start()
-
-    def alive(self):
-        return self.thread.is_alive()
-
-    def join(self, timeout, what):
-        self.thread.join(timeout)
-        if self.thread.is_alive():
-            raise AssertionError(f"{what} did not complete within {timeout}s "
-                                 f"(stuck in the kernel?)")
-        return self
-
-    def result(self):
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-    def seconds(self):
-        return (self.t1 or time.monotonic()) - self.t0
-
-
-def swap(dev, table, timeout=30):
-    """Replace a dm device's table (suspend, load, resume)."""
-    dev.suspend(timeout=timeout)
-    dev.reload(table)
-
-
-def linear_with_error(backing, start, length, total=None):
-    """dm-linear over `backing` with sectors [start, start+length) failing."""
-    total = tclib.size_sectors(backing) if total is None else total
-    rows = []
-    if start:
-        rows.append(f"0 {start} linear {backing} 0")
-    rows.append(f"{start} {length} error")
-    end = start + length
-    if end < total:
-        rows.append(f"{end} {total - end} linear {backing} {end}")
-    return "\n".join(rows)
-
-
-def find_in_device(path, data, align=B):
-    """Byte offset (a multiple of `align`) where `data` sits on a device."""
-    img = tclib.read_direct(path, 0, tclib.size_bytes(path))
-    pos = img.find(data)
-    while pos >= 0 and pos % align:
-        pos = img.find(data, pos + 1)
-    assert pos >= 0, f"{len(data)} bytes not found on {path}"
-    return pos
-
 
 def delayed(stack, size, read_ms=0, write_ms=0):
     """dm-delay over a RAM disk, created without delay; call the returned
@@ -127,10 +52,6 @@ def delayed(stack, size, read_ms=0, write_ms=0):
         swap(dev, f"0 {n} delay {backing} 0 {read_ms} {backing} 0 {write_ms}")
         stack._defer(disarm)
     return dev, arm
-
-
-def rnd(seed, n=B):
-    return random.Random(seed).randbytes(n)
 
 
 # ---------------------------------------------------------------- item 2
@@ -672,9 +593,7 @@ def test_writer_not_starved_by_readers(stack):
            "--ioengine=libaio", "--direct=1", "--rw=read", "--bs=4k",
            f"--offset={X * B}", "--size=4k", "--iodepth=8", "--numjobs=6",
            "--time_based", "--runtime=120"]
-    tclib.log("$ " + " ".join(cmd) + " &")
-    fio = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, env=tclib.ENV, cwd=tclib.WORKDIR)
+    fio = start_fio(cmd)
     lat, cur = [], [None]
     w = None
     try:
@@ -707,13 +626,7 @@ def test_writer_not_starved_by_readers(stack):
             time.sleep(0.1)
         hits_during = tc.status()["read_hits"] - h0
     finally:
-        if fio.poll() is None:
-            fio.terminate()
-        try:
-            out, _ = fio.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            fio.kill()
-            out, _ = fio.communicate(timeout=10)
+        stop_fio(fio)
     assert w is not None
     w.join(30, "the writer (readers stopped)").result()
     print(f"write latencies: max {max(lat):.3f}s, mean {sum(lat) / len(lat):.3f}s, "
@@ -733,24 +646,6 @@ def test_writer_not_starved_by_readers(stack):
 
 # ---------------------------------------------------------------- item 8 (last)
 
-def _nullb(stack, name, size_mib):
-    """A memory-backed null_blk device with its own name (a stuck device
-    can be left behind without breaking the next test's Stack)."""
-    from pathlib import Path
-    cfs = Path("/sys/kernel/config/nullb")
-    if not cfs.exists():
-        tclib.run(["modprobe", "null_blk", "nr_devices=0"])
-    d = cfs / name
-    d.mkdir()
-    stack._defer(stack._rm_nullb, d)
-    for k, v in dict(size=size_mib, memory_backed=1, blocksize=512).items():
-        (d / k).write_text(f"{v}\n")
-    (d / "power").write_text("1\n")
-    path = f"/dev/{name}"
-    wait_until(lambda: Path(path).exists(), 5, f"{path}")
-    return path
-
-
 def test_writeback_read_failure_of_last_request(stack):
     """Two writeback requests: the first is written to the origin, the
     last one's slot read fails (1 s later: the slot is mapped to dm-delay
@@ -761,8 +656,8 @@ def test_writeback_read_failure_of_last_request(stack):
     then leaks its devices (names kept out of the per-test cleanup) so that
     the tests after it still run."""
     tag = f"tcb8-{os.getpid()}"
-    nbo = _nullb(stack, f"{tag}o", 32)
-    nbc = _nullb(stack, f"{tag}c", 8)
+    nbo = named_nullb(stack, f"{tag}o", 32, step=0.02)
+    nbc = named_nullb(stack, f"{tag}c", 8, step=0.02)
     n = tclib.size_sectors(nbc)
     healthy = f"0 {n} linear {nbc} 0"
     cdev = stack.dm(f"{tag}-cache", healthy)

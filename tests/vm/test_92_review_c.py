@@ -31,135 +31,30 @@ the tests after it still run.
 """
 
 import errno
+import functools
 import os
 import random
-import struct
 import subprocess
-import time
-from pathlib import Path
 
 import pytest
 
+import faults
 import tclib
+from faults import (clean_err, committed_dirty, dm_info, find_in_device, fsync_path,
+                    named_nullb, rnd, superblock, swap, wait_until)
 from tclib import MiB
 
 pytestmark = [pytest.mark.module, pytest.mark.usefixtures("tc_module")]
 
 B = 4096
 S = B // 512          # sectors per 4 KiB block
-SB_SEQ, SB_SLOTS, SB_DATA_START = 16, 32, 48
-ENTRY = struct.Struct("<QQIIII")      # block, seq, slot, flags, csum, reserved
+SCRATCH = "tcr92"     # prefix of this file's scratch files
+
+dd_read = functools.partial(faults.dd_read, prefix=SCRATCH, timeout=60)
+dd_write = functools.partial(faults.dd_write, prefix=SCRATCH, timeout=60)
 
 
 # ---------------------------------------------------------------- helpers
-
-def rnd(seed, n=B):
-    return random.Random(seed).randbytes(n)
-
-
-def swap(dev, table, timeout=30):
-    """Replace a dm device's table (suspend, load, resume)."""
-    dev.suspend(timeout=timeout)
-    dev.reload(table)
-
-
-def find_in_device(path, data, align=B):
-    """Byte offset (a multiple of `align`) where `data` sits on a device."""
-    img = tclib.read_direct(path, 0, tclib.size_bytes(path))
-    pos = img.find(data)
-    while pos >= 0 and pos % align:
-        pos = img.find(data, pos + 1)
-    assert pos >= 0, f"{len(data)} bytes not found on {path}"
-    return pos
-
-
-def superblock(cache):
-    sb = tclib.read_direct(cache, 0, B)
-    return {"seq": struct.unpack_from("<Q", sb, SB_SEQ)[0],
-            "slots": struct.unpack_from("<Q", sb, SB_SLOTS)[0],
-            "data_start": struct.unpack_from("<Q", sb, SB_DATA_START)[0]}
-
-
-def committed_dirty(cache):
-    """{origin block: slot} of the committed dirty entries on a cache device."""
-    sb = superblock(cache)
-    raw = tclib.read_direct(cache, 8 * 512, (sb["slots"] * 32 + B - 1) // B * B)
-    out = {}
-    for s in range(sb["slots"]):
-        blk, eseq, _slot, flags, _c, _r = ENTRY.unpack_from(raw, s * 32)
-        if flags & 2 and eseq <= sb["seq"]:
-            out[blk] = s
-    return out
-
-
-def fsync_dev(path):
-    """fsync of the device: a REQ_PREFLUSH, i.e. a metadata commit."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def wait_until(cond, timeout, what, step=0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(step)
-
-
-def dm_info(name):
-    """`dmsetup info NAME` as a dict, None if there is no such device."""
-    p = tclib.run(["dmsetup", "info", name], check=False, quiet=True, timeout=30)
-    if p.returncode != 0:
-        return None
-    d = {}
-    for ln in p.stdout.splitlines():
-        if ":" in ln:
-            k, v = ln.split(":", 1)
-            d[k.strip()] = v.strip()
-    return d
-
-
-def clean_err(s):
-    """dmsetup's stderr without its udev notice."""
-    return " ".join(x for x in s.splitlines()
-                    if x.strip() and not x.startswith(("Udev is running", "Command failed")))
-
-
-def scratch(tag):
-    return os.path.join(tclib.WORKDIR, f"tcr92-{os.getpid()}-{tag}")
-
-
-def dd_read(path, off, n, timeout=60):
-    """O_DIRECT read in a child process (cannot block the test)."""
-    out = scratch("read")
-    try:
-        tclib.run(["dd", f"if={path}", f"of={out}", f"bs={n}", "count=1", f"skip={off}",
-                   "iflag=direct,skip_bytes", "status=none"], timeout=timeout)
-        data = Path(out).read_bytes()
-    finally:
-        if os.path.exists(out):
-            os.unlink(out)
-    assert len(data) == n, f"short read of {path} at {off}: {len(data)}/{n}"
-    return data
-
-
-def dd_write(path, off, data, timeout=60):
-    """O_DIRECT write and fsync in a child process."""
-    src = scratch("write")
-    Path(src).write_bytes(data)
-    try:
-        tclib.run(["dd", f"if={src}", f"of={path}", f"bs={len(data)}", "count=1",
-                   f"seek={off}", "oflag=direct,seek_bytes", "conv=notrunc,fsync",
-                   "status=none"], timeout=timeout)
-    finally:
-        os.unlink(src)
-
 
 # An asynchronous (AIO) O_DIRECT write on an O_DSYNC descriptor: the block
 # layer sends it as one REQ_FUA bio and completes it when that bio does (a
@@ -273,7 +168,7 @@ def test_fua_write_after_stale_dirty_slot_drop_is_durable(stack, variant):
     X = 3000
     v1, v2 = rnd(9202), rnd(9203)
     tclib.write_direct(tc.path, X * B, v1)
-    fsync_dev(tc.path)
+    fsync_path(tc.path)
     slot_off = find_in_device(cdev.path, v1)
     sb = superblock(cdev.path)
     assert slot_off >= sb["data_start"] * 512, (slot_off, sb)
@@ -288,7 +183,7 @@ def test_fua_write_after_stale_dirty_slot_drop_is_durable(stack, variant):
     tc.wait_event(ev, timeout=30)
     st = wait_until(lambda: (lambda s: s if s["dirty"] == 0 and s["meta_error"] != 0 and
                              s["flush_state"] == "idle" else None)(tc.status()),
-                    20, "the flush to end with a failed metadata commit")
+                    20, "the flush to end with a failed metadata commit", step=0.05)
     print("clean mark not committed:", st["raw"])
     tclib.compare(v1, tclib.read_direct(origin, X * B, B), X * B, "origin after the flush")
     if variant == "cleaner_fua_hit":
@@ -367,7 +262,7 @@ def _readonly_device(stack, tag, discard, tail=0):
     D = 3000
     dirty = rnd(9310 + len(tag))
     tclib.write_direct(tc.path, D * B, dirty)
-    fsync_dev(tc.path)
+    fsync_path(tc.path)
     assert tc.status()["dirty"] == 1, tc.status_line()
     line = tc.table_line()
     tclib.run(["dmsetup", "load", "--readonly", tc.name, "--table", line], timeout=60)
@@ -457,23 +352,6 @@ def test_readonly_table_refuses_tail_write(stack):
 
 # ---------------------------------------------------------------- item 2 (last)
 
-def _nullb(stack, name, size_mib):
-    """A memory-backed null_blk device with its own name (a stuck device
-    can be left behind without breaking the next test's Stack)."""
-    cfs = Path("/sys/kernel/config/nullb")
-    if not cfs.exists():
-        tclib.run(["modprobe", "null_blk", "nr_devices=0"])
-    d = cfs / name
-    d.mkdir()
-    stack._defer(stack._rm_nullb, d)
-    for k, v in dict(size=size_mib, memory_backed=1, blocksize=512).items():
-        (d / k).write_text(f"{v}\n")
-    (d / "power").write_text("1\n")
-    path = f"/dev/{name}"
-    wait_until(lambda: Path(path).exists(), 5, f"{path}")
-    return path
-
-
 def test_replace_failing_clean_cache_resumes(stack):
     """X runs on cache A (dm-linear), commit_ms 600000; data written and
     flushed (dirty 0), then 64 whole-block read misses are promoted (A's
@@ -483,9 +361,9 @@ def test_replace_failing_clean_cache_resumes(stack):
     leave X active on cache B, every byte written before the reload must
     read back, and new writes and reads must work."""
     tag = f"tcc2-{os.getpid()}"
-    nbo = _nullb(stack, f"{tag}o", 32)
-    nba = _nullb(stack, f"{tag}a", 8)
-    nbb = _nullb(stack, f"{tag}b", 8)
+    nbo = named_nullb(stack, f"{tag}o", 32, step=0.05)
+    nba = named_nullb(stack, f"{tag}a", 8, step=0.05)
+    nbb = named_nullb(stack, f"{tag}b", 8, step=0.05)
     m = tclib.seeded_origin(nbo, seed=9201)
     na = tclib.size_sectors(nba)
     cache_a = stack.dm(f"{tag}-a", f"0 {na} linear {nba} 0")
@@ -510,7 +388,7 @@ def test_replace_failing_clean_cache_resumes(stack):
         tclib.write_direct(tc.path, b * B, data)
         m.data[b * B:(b + k) * B] = data
     tc.flush(timeout=60)
-    fsync_dev(tc.path)      # a commit now: the flush's own may still be queued
+    fsync_path(tc.path)      # a commit now: the flush's own may still be queued
     R = 4096
     st0 = tc.status()
     tclib.compare(bytes(m.data[R * B:(R + 64) * B]), tclib.read_direct(tc.path, R * B, 64 * B),

@@ -20,14 +20,13 @@ ends fails the test, it never blocks the suite.
 """
 
 import errno
-import os
-import random
-import subprocess
 import time
 
 import pytest
 
 import tclib
+from faults import (dirty_tiercache, find_in_device, linear_with_error, load_table, rnd,
+                    start_fio, stop_fio, swap, wait_until)
 from tclib import MiB
 
 pytestmark = [pytest.mark.module, pytest.mark.usefixtures("tc_module")]
@@ -37,51 +36,6 @@ S = B // 512          # sectors per 4 KiB block
 
 
 # ---------------------------------------------------------------- helpers
-
-def rnd(seed, n=B):
-    return random.Random(seed).randbytes(n)
-
-
-def wait_until(cond, timeout, what, step=0.05):
-    """Poll cond() until true; AssertionError naming `what` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(step)
-
-
-def swap(dev, table, timeout=30):
-    """Replace a dm device's table (suspend, load, resume)."""
-    dev.suspend(timeout=timeout)
-    dev.reload(table)
-
-
-def linear_with_error(backing, start, length, total=None):
-    """dm-linear over `backing` with sectors [start, start+length) failing."""
-    total = tclib.size_sectors(backing) if total is None else total
-    rows = []
-    if start:
-        rows.append(f"0 {start} linear {backing} 0")
-    rows.append(f"{start} {length} error")
-    end = start + length
-    if end < total:
-        rows.append(f"{end} {total - end} linear {backing} {end}")
-    return "\n".join(rows)
-
-
-def find_in_device(path, data, align=B):
-    """Byte offset (a multiple of `align`) where `data` sits on a device."""
-    img = tclib.read_direct(path, 0, tclib.size_bytes(path))
-    pos = img.find(data)
-    while pos >= 0 and pos % align:
-        pos = img.find(data, pos + 1)
-    assert pos >= 0, f"{len(data)} bytes not found on {path}"
-    return pos
-
 
 def inflight_writes(path):
     """Writes in flight on a block device (/sys/.../inflight)."""
@@ -96,22 +50,6 @@ def flush_ended(tc, st0, ev):
             tc.event_nr() > ev:
         return st
     return None
-
-
-def load_table(tc, table, readonly):
-    """Suspend, load `table` (read-only or not), resume."""
-    tc.suspend(timeout=30)
-    tclib.run(["dmsetup", "load"] + (["--readonly"] if readonly else []) +
-              [tc.name, "--table", table], timeout=60)
-    tc.resume()
-    tclib.run(["udevadm", "settle", "--timeout=30"], check=False, quiet=True)
-
-
-def dirty_blocks(tc, m, first, n, seed):
-    """Make blocks [first, first + n) dirty (O_DIRECT, one block a write)."""
-    with tclib.Workload(tc.path, m, seed=seed) as wl:
-        for b in range(first, first + n):
-            wl.write_direct(b * B, B)
 
 
 # ---------------------------------------------------------------- 1
@@ -146,15 +84,13 @@ def test_full_flush_ends_under_same_block_writers(stack):
            f"--offset={X * B}", "--size=4k", "--iodepth=8",
            "--buffer_pattern=0x5a6b7c8d", "--scramble_buffers=0",
            "--time_based", "--runtime=60"]
-    tclib.log("$ " + " ".join(cmd) + " &")
-    fio = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, env=tclib.ENV, cwd=tclib.WORKDIR)
+    fio = start_fio(cmd)
     ended = after_stop = xdata = None
     overlap = 0
     try:
         wh0 = st0["write_hits"]
         wait_until(lambda: tc.status()["write_hits"] >= wh0 + 16, 15,
-                   "fio's rewrites of block X to flow")
+                   "fio's rewrites of block X to flow", step=0.05)
         overlap = wait_until(lambda: inflight_writes(tc.path) >= 2 and
                              inflight_writes(tc.path), 10,
                              "two writes of block X in flight at once", step=0.01)
@@ -183,13 +119,7 @@ def test_full_flush_ends_under_same_block_writers(stack):
         time.sleep(0.5)
         wh_after = tc.status()["write_hits"]
     finally:
-        if fio.poll() is None:
-            fio.terminate()
-        try:
-            out, _ = fio.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            fio.kill()
-            out, _ = fio.communicate(timeout=10)
+        out = stop_fio(fio)
     stopped = time.monotonic()
     if ended is None:
         # how long the flush goes on once the writers are gone (diagnosis)
@@ -308,12 +238,8 @@ def test_readonly_resume_ends_pending_flush(stack):
     event counter stays put across the read-only reload of
     test_readonly_cleaner_refused, which prints it.)  Afterwards the
     writable table is loaded again and a flush cleans the device."""
-    ram = stack.ram(32 * MiB)
-    m = tclib.seeded_origin(ram, seed=9331)
-    tc = stack.tiercache(ram, stack.ram(8 * MiB), 8, "writeback")
     base, n = 2048, 8
-    dirty_blocks(tc, m, base, n, seed=9332)
-    table = tc.table_line()
+    ram, m, tc, table = dirty_tiercache(stack, base, n, seed=9331, write_seed=9332)
     st0 = tc.status()
     assert st0["dirty"] == n and st0["flush_state"] == "idle", st0["raw"]
     tc.suspend(timeout=30)
@@ -364,12 +290,8 @@ def test_readonly_cleaner_refused(stack):
     dirty blocks in the cache) must be refused: nothing can be written
     back, so it could only leave the state "cleaning" for ever.  (`flush`
     is refused there with EROFS already: checked as a precondition.)"""
-    ram = stack.ram(32 * MiB)
-    m = tclib.seeded_origin(ram, seed=9341)
-    tc = stack.tiercache(ram, stack.ram(8 * MiB), 8, "writeback")
     base, n = 2048, 8
-    dirty_blocks(tc, m, base, n, seed=9342)
-    table = tc.table_line()
+    ram, m, tc, table = dirty_tiercache(stack, base, n, seed=9341, write_seed=9342)
     ev0 = tc.event_nr()
     load_table(tc, table, readonly=True)
     ev1 = tc.event_nr()
