@@ -31,6 +31,9 @@ PKGS=(
 	# in-VM tools (the guest sees the host's root file system)
 	fio libaio1 dmsetup kmod udev util-linux procps coreutils lvm2
 	python3 python3-pytest python3-pip
+	# peers the script tests build (test_scripts, test_experiment_short):
+	# make-bcache; scripts/experiment.sh installs the same
+	bcache-tools
 	# the metadata decoder's fuzzer (libFuzzer: clang's runtime libraries are
 	# only a recommendation of clang, which --no-install-recommends skips)
 	clang libclang-rt-14-dev
