@@ -89,7 +89,7 @@ def test_full_flush_ends_under_same_block_writers(stack):
     overlap = 0
     try:
         wh0 = st0["write_hits"]
-        wait_until(lambda: tc.status()["write_hits"] >= wh0 + 16, 15,
+        wait_until(lambda: tc.status()["write_hits"] >= wh0 + 16, 45,
                    "fio's rewrites of block X to flow", step=0.05)
         overlap = wait_until(lambda: inflight_writes(tc.path) >= 2 and
                              inflight_writes(tc.path), 10,
