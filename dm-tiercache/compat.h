@@ -9,7 +9,7 @@
 #include <linux/blkdev.h>
 #include <linux/device-mapper.h>
 
-/* Origin blocks are xarray keys: an unsigned long must hold them. */
+/* Slot flags are changed 8 slots at a time in an unsigned long (tc_slots.h). */
 #if BITS_PER_LONG < 64
 #error "dm-tiercache needs a 64-bit kernel"
 #endif

@@ -36,7 +36,7 @@ static DEFINE_MUTEX(tc_registry_lock);
  */
 static void tc_cache_destroy(struct tc_cache *c)
 {
-	int dirty;
+	u32 dirty;
 
 	if (c->wq) {
 		tc_flush_stop(c);
@@ -47,9 +47,9 @@ static void tc_cache_destroy(struct tc_cache *c)
 	if (c->discard_wq)
 		destroy_workqueue(c->discard_wq);
 	tc_flush_exit(c);
-	dirty = c->entries ? atomic_read(&c->nr_dirty) : 0;
+	dirty = tc_nr_dirty(c);
 	if (dirty)
-		DMINFO("%s: %d dirty blocks stay in the cache device's metadata",
+		DMINFO("%s: %u dirty blocks stay in the cache device's metadata",
 		       c->name, dirty);
 	tc_meta_free(c);
 	free_percpu(c->stats.io);
@@ -140,7 +140,7 @@ static int tc_cache_create(struct tc_cache *c, struct tc_target *t,
 		return r;
 	c->data_start = c->meta.layout.data_start;
 	c->meta_loaded = true;
-	if (t->args.mode == TC_MODE_PASSTHROUGH && atomic_read(&c->nr_dirty)) {
+	if (t->args.mode == TC_MODE_PASSTHROUGH && tc_nr_dirty(c)) {
 		*error = "Passthrough refused: the cache device holds dirty blocks (load it in writeback mode and flush first)";
 		return -EBUSY;
 	}
@@ -187,7 +187,7 @@ void tc_cache_release_hold(struct tc_target *t)
 static int tc_cache_other(struct tc_target *t, struct tc_cache *c,
 			  char **error)
 {
-	if (atomic_read(&c->nr_dirty)) {
+	if (tc_nr_dirty(c)) {
 		*error = "The current cache device still holds dirty blocks: flush before changing it";
 		return -EBUSY;
 	}
@@ -233,7 +233,7 @@ struct tc_cache *tc_cache_get(struct tc_target *t, u32 nr_slots, char **error)
 		}
 		r = tc_cache_check_reload(c, t, nr_slots, error);
 		if (!r && t->args.mode == TC_MODE_PASSTHROUGH &&
-		    atomic_read(&c->nr_dirty)) {
+		    tc_nr_dirty(c)) {
 			/* refused at load, so the live table keeps running */
 			*error = "Passthrough refused while blocks are dirty: flush first";
 			r = -EBUSY;

@@ -8,6 +8,8 @@
 #include <linux/string.h>
 #include <linux/errno.h>
 #include <linux/minmax.h>
+#include <linux/sched.h>
+#include <linux/gfp.h>
 #endif
 
 #include "tc_dorder.h"
@@ -34,7 +36,9 @@ int tc_dorder_create(struct tc_dorder *d, struct tc_slots *sl,
 	d->tail_cap = tc_dorder_tail_cap(sl->nr);
 	d->tail = kvmalloc_array(d->tail_cap, sizeof(u32), GFP_KERNEL);
 	d->pending = kvmalloc_array(d->tail_cap, sizeof(u32), GFP_KERNEL);
-	if (!d->tail || !d->pending) {
+	/* a merge sorts with these: it allocates only to grow the order */
+	d->keys = kvmalloc_array(d->tail_cap, sizeof(u64), GFP_KERNEL);
+	if (!d->tail || !d->pending || !d->keys) {
 		tc_dorder_destroy(d);
 		return -ENOMEM;
 	}
@@ -46,9 +50,11 @@ void tc_dorder_destroy(struct tc_dorder *d)
 	kvfree(d->sorted);
 	kvfree(d->tail);
 	kvfree(d->pending);
+	kvfree(d->keys);
 	d->sorted = NULL;
 	d->tail = NULL;
 	d->pending = NULL;
+	d->keys = NULL;
 }
 
 /* ---- marking dirty ---- */
@@ -108,8 +114,8 @@ bool tc_dorder_want_merge(struct tc_dorder *d)
 /*
  * Does @s stay in the order?  Yes while it is dirty.  Otherwise QUEUED is
  * dropped in the same atomic step that saw it clean (a slot dirtied again
- * at that instant keeps its place), and a slot retired meanwhile goes to
- * the release callback.
+ * at that instant keeps its place), and a slot retired meanwhile whose
+ * writeback let go too goes to the release callback.
  */
 static bool tc_dorder_keep(struct tc_dorder *d, u32 s)
 {
@@ -121,7 +127,8 @@ static bool tc_dorder_keep(struct tc_dorder *d, u32 s)
 		if (old & (BIT(TC_SF_DIRTY) << sh))
 			return true;
 	} while (!try_cmpxchg(w, &old, old & ~(BIT(TC_SF_QUEUED) << sh)));
-	if (!(old & (BIT(TC_SF_VALID) << sh)))
+	/* the last owner of a retired slot frees it (tc_slot_let_go()) */
+	if (!(old & ((BIT(TC_SF_VALID) | BIT(TC_SF_WB)) << sh)))
 		d->release(d->ctx, s);
 	return false;
 }
@@ -166,14 +173,25 @@ static int tc_dorder_resize(struct tc_dorder *d, u64 nr, gfp_t gfp)
 	return 0;
 }
 
+/* Slots a merge visits between reschedules, when it may sleep. */
+#define TC_DORDER_BATCH		(1U << 16)
+
+static void tc_dorder_resched(u64 i, gfp_t gfp)
+{
+	if (!((i + 1) % TC_DORDER_BATCH) && gfpflags_allow_blocking(gfp))
+		cond_resched();
+}
+
 /* Drop the slots of the sorted part that are no longer dirty. */
-static void tc_dorder_compact(struct tc_dorder *d)
+static void tc_dorder_compact(struct tc_dorder *d, gfp_t gfp)
 {
 	u64 i, n = 0;
 
-	for (i = 0; i < d->nr_sorted; i++)
+	for (i = 0; i < d->nr_sorted; i++) {
 		if (tc_dorder_keep(d, d->sorted[i]))
 			d->sorted[n++] = d->sorted[i];
+		tc_dorder_resched(i, gfp);
+	}
 	d->nr_sorted = n;
 }
 
@@ -222,6 +240,7 @@ static void tc_dorder_merge_keys(struct tc_dorder *d, const u64 *keys, u32 n)
 {
 	u64 i = d->nr_sorted, w = d->nr_sorted + n, at;
 
+	/* at most nr_sorted + n slots move: no reschedule needed (a tail) */
 	while (n--) {
 		at = tc_dorder_after(d, i, keys[n] >> TC_DORDER_IDX_BITS);
 		w -= i - at;
@@ -232,33 +251,73 @@ static void tc_dorder_merge_keys(struct tc_dorder *d, const u64 *keys, u32 n)
 }
 
 /*
- * Bring the tail into the sorted part and drop the slots that are clean.
- * -ENOMEM leaves the order as it was (the tail taken over stays pending
- * and goes in at the next merge).
+ * One merge: the pending part (a tail a failed merge took over) or else
+ * the tail.  -ENOMEM leaves the order as it was (what was taken over stays
+ * pending and goes in at the next merge).
  */
-int tc_dorder_merge(struct tc_dorder *d, gfp_t gfp)
+static int tc_dorder_merge_once(struct tc_dorder *d, gfp_t gfp)
 {
-	u64 *keys = NULL;
 	u32 n;
 
 	if (!d->nr_pending)
 		tc_dorder_take_tail(d);
 	if (tc_dorder_resize(d, d->nr_sorted + d->nr_pending, gfp))
 		return -ENOMEM;
-	if (d->nr_pending) {
-		keys = kvmalloc_array(d->nr_pending, sizeof(*keys), gfp);
-		if (!keys)
-			return -ENOMEM;
-	}
-	tc_dorder_compact(d);
-	n = d->nr_pending ? tc_dorder_sort_pending(d, keys) : 0;
-	tc_dorder_merge_keys(d, keys, n);
+	tc_dorder_compact(d, gfp);
+	n = d->nr_pending ? tc_dorder_sort_pending(d, d->keys) : 0;
+	tc_dorder_merge_keys(d, d->keys, n);
 	d->nr_sorted += n;
 	d->nr_pending = 0;
-	kvfree(keys);
 	/* give memory back once many were cleaned; failing is harmless */
 	tc_dorder_resize(d, d->nr_sorted, gfp);
 	return 0;
+}
+
+/*
+ * Bring every slot queued before the call into the sorted part, and drop
+ * the slots that are clean.  After a merge that failed, that takes two:
+ * the part it left pending, then the tail.
+ */
+int tc_dorder_merge(struct tc_dorder *d, gfp_t gfp)
+{
+	bool left = d->nr_pending;
+	int r = tc_dorder_merge_once(d, gfp);
+
+	if (!r && left)
+		r = tc_dorder_merge_once(d, gfp);
+	return r;
+}
+
+/* ---- loading ---- */
+
+/*
+ * Loading (the owner, nothing else running): @slot is dirty.  It goes to
+ * the end of the sorted part, which tc_dorder_load_end() sorts once: one
+ * sort of all loaded slots instead of a merge per tail.
+ */
+int tc_dorder_load(struct tc_dorder *d, u32 slot)
+{
+	if (d->nr_sorted == d->cap_sorted &&
+	    tc_dorder_resize(d, max_t(u64, 2 * d->nr_sorted, 1024), GFP_KERNEL))
+		return -ENOMEM;
+	tc_slot_update(d->sl, slot, 0, BIT(TC_SF_DIRTY) | BIT(TC_SF_QUEUED));
+	d->sorted[d->nr_sorted++] = slot;
+	return 0;
+}
+
+static int tc_dorder_cmp_slots(const void *a, const void *b, const void *priv)
+{
+	const struct tc_slots *sl = priv;
+	u64 x = tc_slot_block(sl, *(const u32 *)a);
+	u64 y = tc_slot_block(sl, *(const u32 *)b);
+
+	return x < y ? -1 : x > y;
+}
+
+void tc_dorder_load_end(struct tc_dorder *d)
+{
+	sort_r(d->sorted, d->nr_sorted, sizeof(u32), tc_dorder_cmp_slots, NULL,
+	       d->sl);
 }
 
 /* ---- the walk ---- */
@@ -299,4 +358,16 @@ u32 tc_dorder_next(struct tc_dorder *d, u64 from, u64 to, u64 *block)
 		}
 	}
 	return TC_SLOT_NONE;
+}
+
+/* The number of slots in the sorted part (the owner's). */
+u64 tc_dorder_nr_sorted(struct tc_dorder *d)
+{
+	return d->nr_sorted;
+}
+
+/* The slot at index @i of the sorted part (the owner's). */
+u32 tc_dorder_at(struct tc_dorder *d, u64 i)
+{
+	return d->sorted[i];
 }

@@ -16,8 +16,9 @@
  * at merges between the number of dirty slots and about twice that (at
  * most 4 B per cache slot), plus the two tail buffers: 8 B per tail entry,
  * the tail holding slots / 256 entries, at least 1024 and at most 2^20
- * (8 MiB for any cache above 256 Mi slots).  A merge borrows 8 B per tail
- * entry while it sorts.
+ * (8 MiB for any cache above 256 Mi slots), and the merge's sort keys, 8 B
+ * per tail entry, kept so that a merge allocates only to grow the sorted
+ * part.
  *
  * A full tail: tc_dorder_mark_dirty() fails with -ENOSPC and changes
  * nothing; the caller keeps the block clean (the write goes through to the
@@ -33,9 +34,9 @@
  *     word: the slot stays QUEUED and the next merge drops it.
  *   - tc_dorder_merge() and tc_dorder_next(): the owner only, one at a
  *     time (the writeback engine); the merge may sleep if @gfp allows.
- *   - a slot dropped by a merge after tc_slot_retire() is handed to
- *     @release, from the merge's context; until then it must not be
- *     reused (its block is the merge's sort key).
+ *   - a slot dropped by a merge after tc_slot_retire(), and no longer in
+ *     writeback, is handed to @release, from the merge's context; until
+ *     then it must not be reused (its block is the merge's sort key).
  */
 #ifndef DM_TIERCACHE_DORDER_H
 #define DM_TIERCACHE_DORDER_H
@@ -53,6 +54,7 @@ struct tc_dorder {
 	u64 nr_sorted;
 	u64 cap_sorted;
 	u32 *pending;		/* the tail a failed merge took over */
+	u64 *keys;		/* a merge's sort keys, tail_cap of them */
 	u32 nr_pending;
 	void (*release)(void *ctx, u32 slot);
 	void *ctx;
@@ -71,6 +73,10 @@ u32 tc_dorder_tail_cap(u32 nr_slots);
 int tc_dorder_mark_dirty(struct tc_dorder *d, u32 slot);
 bool tc_dorder_want_merge(struct tc_dorder *d);
 int tc_dorder_merge(struct tc_dorder *d, gfp_t gfp);
+int tc_dorder_load(struct tc_dorder *d, u32 slot);
+void tc_dorder_load_end(struct tc_dorder *d);
 u32 tc_dorder_next(struct tc_dorder *d, u64 from, u64 to, u64 *block);
+u64 tc_dorder_nr_sorted(struct tc_dorder *d);
+u32 tc_dorder_at(struct tc_dorder *d, u64 i);
 
 #endif /* DM_TIERCACHE_DORDER_H */

@@ -16,14 +16,15 @@
  *   write: the buffer goes to the origin as one bio;
  *   clean: once the writes in flight have completed, one REQ_PREFLUSH is
  *          sent to the origin, and then the blocks are marked clean unless
- *          they were rewritten (their write sequence changed).
+ *          they were rewritten meanwhile (tc_index.c).
  *
  * A request locks its blocks in writeback mode (reads go on).  A dirty
  * block is let go as soon as its data is in the buffer: a write to it then
- * proceeds, changes its write sequence and so keeps it dirty.  Its entry
- * carries TC_E_WB until the request is done, so no other request takes it
- * and a discard waits (a discarded block written around the cache must
- * not be overtaken by this older copy).  Hole blocks stay locked until the
+ * proceeds, marks its slot rewritten and so keeps it dirty.  Its slot is
+ * in writeback (TC_SF_WB) until the request is done, so no other request
+ * takes it, it is not given to another block, and a discard waits (a
+ * discarded block written around the cache must not be overtaken by this
+ * older copy).  Hole blocks stay locked until the
  * write completes, so nothing written around the cache meanwhile is
  * overwritten by the filler.  At
  * most flush_depth requests are between gather and write completion.
@@ -61,10 +62,9 @@ enum tc_wb_stage {
 
 struct tc_wb_blk {
 	struct tc_holder h;
-	struct tc_entry *e;		/* NULL: not cached, read the origin */
-	u64 seq;			/* write sequence taken (dirty blocks) */
+	u32 slot;			/* TC_SLOT_NONE: read the origin */
 	bool dirty;
-	bool owed;			/* took TC_E_OWED: give it back unwritten */
+	bool owed;			/* took OWED: give it back unwritten */
 	bool held;			/* h is in the lock table */
 };
 
@@ -121,7 +121,7 @@ const char *tc_flush_state(struct tc_cache *c)
 
 	if (tc_full_pending(fl))
 		return "flushing";
-	if (READ_ONCE(c->cleaner) && atomic_read(&c->nr_dirty))
+	if (READ_ONCE(c->cleaner) && tc_nr_dirty(c))
 		return "cleaning";
 	if (test_bit(TC_FL_BACKGROUND, &fl->bits) &&
 	    !test_bit(TC_FL_PAUSED, &fl->bits))
@@ -139,7 +139,7 @@ static bool tc_wb_wanted(struct tc_cache *c)
 		return true;
 	if (test_bit(TC_FL_PAUSED, &fl->bits))
 		return false;
-	if (READ_ONCE(c->cleaner) && atomic_read(&c->nr_dirty))
+	if (READ_ONCE(c->cleaner) && tc_nr_dirty(c))
 		return true;
 	return test_bit(TC_FL_BACKGROUND, &fl->bits);
 }
@@ -181,34 +181,24 @@ static enum tc_blk_kind tc_gather_take(void *ctx, u64 b)
 	blk->held = false;
 	blk->dirty = false;
 	blk->owed = false;
-	blk->e = NULL;
+	blk->slot = TC_SLOT_NONE;
 	if (!tc_wb_trylock(c, &blk->h, b)) {
 		g->lock_busy = true;
 		return TC_BLK_BUSY;
 	}
 	blk->held = true;
-	blk->e = tc_lookup(c, b);
-	blk->dirty = blk->e && tc_is_dirty(c, b);
+	blk->slot = tc_lookup(c, b);
+	blk->dirty = blk->slot != TC_SLOT_NONE && tc_slot_dirty(c, blk->slot);
 	if (!blk->dirty)
 		return TC_BLK_HOLE;
-	if (test_and_set_bit(TC_E_WB, &blk->e->flags)) {
+	/* written, the newest version pays what a full flush owes */
+	if (!tc_wb_take(c, blk->slot, &blk->owed)) {
 		/* still being written by an earlier request */
 		tc_unlock(&c->locks, &blk->h);
 		blk->held = false;
 		return TC_BLK_BUSY;
 	}
-	blk->seq = blk->e->seq;
-	/* written, the newest version pays what a full flush owes */
-	blk->owed = test_and_clear_bit(TC_E_OWED, &blk->e->flags);
 	return TC_BLK_DIRTY;
-}
-
-/* A taken dirty block leaves its request unwritten. */
-static void tc_wb_untake(struct tc_wb_blk *blk)
-{
-	if (blk->owed)
-		set_bit(TC_E_OWED, &blk->e->flags);
-	clear_bit(TC_E_WB, &blk->e->flags);
 }
 
 static void tc_gather_give_back(void *ctx, u64 b)
@@ -217,7 +207,7 @@ static void tc_gather_give_back(void *ctx, u64 b)
 	struct tc_wb_blk *blk = &g->req->blks[b - g->req->first];
 
 	if (blk->dirty)
-		tc_wb_untake(blk);
+		tc_wb_untake(g->c, blk->slot, blk->owed);
 	tc_unlock(&g->c->locks, &blk->h);
 	blk->held = false;
 }
@@ -225,10 +215,10 @@ static void tc_gather_give_back(void *ctx, u64 b)
 static u64 tc_gather_next_dirty(void *ctx, u64 from, u64 to)
 {
 	struct tc_gather *g = ctx;
-	unsigned long idx = from;
+	u64 block;
 
-	if (xa_find(&g->c->index, &idx, to, TC_DIRTY))
-		return idx;
+	if (tc_next_dirty(g->c, from, to, &block) != TC_SLOT_NONE)
+		return block;
 	return TC_PLAN_NONE;
 }
 
@@ -246,23 +236,16 @@ static void tc_wb_free(struct tc_wb_req *req)
 
 /*
  * A dirty block was busy at the cursor.  A full flush must come back for
- * it only if it holds data older than the flush: a block rewritten since
- * carries a newer sequence, and the flush promised nothing about it.
- * Returns true if the pass must come back.
+ * it only if it owes the block: one dirtied after the flush began, or
+ * whose debt a request paid, was promised nothing.  Returns true if the
+ * pass must come back.
  */
 static bool tc_wb_skipped(struct tc_cache *c, u64 block)
 {
 	struct tc_flush *fl = &c->fl;
-	struct tc_entry *e;
 
-	if (test_bit(TC_FL_FULL, &fl->bits)) {
-		e = tc_lookup(c, block);
-		if (e && READ_ONCE(e->seq) > fl->full_seq) {
-			smp_rmb();	/* pairs with tc_mark_dirty() */
-			if (!test_bit(TC_E_OWED, &e->flags))
-				return false;
-		}
-	}
+	if (test_bit(TC_FL_FULL, &fl->bits) && !tc_wb_owed(c, block))
+		return false;
 	fl->pass_skipped = true;
 	return true;
 }
@@ -300,25 +283,6 @@ static void tc_wb_drop_resv(struct tc_cache *c)
 	if (tc_wb_has_resv(fl))
 		tc_reserve_cancel(&c->locks, &fl->resv);
 	clear_bit(TC_FL_RESV_READY, &fl->bits);
-}
-
-/*
- * Does a running full flush owe the origin the dirty data of write sequence
- * @seq?  Asked by a write about to replace that data: if so, the block is
- * flagged TC_E_OWED, for the flush must write it although its new sequence
- * is younger than the flush.  The full barrier of the write's sequence
- * increment pairs with tc_wb_begin_full(): either the flush began before
- * the increment and this sees TC_FL_FULL, or the flush's full_seq covers the
- * new sequence.
- */
-bool tc_flush_owes(struct tc_cache *c, u64 seq)
-{
-	struct tc_flush *fl = &c->fl;
-
-	if (!test_bit(TC_FL_FULL, &fl->bits))
-		return false;
-	smp_rmb();	/* full_seq, written before TC_FL_FULL, then updated */
-	return seq <= READ_ONCE(fl->full_seq);
 }
 
 /*
@@ -377,7 +341,7 @@ static struct tc_wb_req *tc_wb_own(struct tc_cache *c, struct tc_wb_req *g)
 
 		if (!req) {
 			if (from->dirty)
-				tc_wb_untake(from);
+				tc_wb_untake(c, from->slot, from->owed);
 			tc_unlock(&c->locks, &from->h);
 			continue;
 		}
@@ -403,12 +367,12 @@ static struct tc_wb_req *tc_wb_gather(struct tc_cache *c, u64 *cursor)
 			      c->block_shift,
 	};
 	struct tc_gather g = { .c = c };
-	unsigned long idx = *cursor;
 	struct tc_wb_req *req;
 	enum tc_blk_kind k;
+	u64 idx;
 
-	if (idx >= c->nr_blocks ||
-	    !xa_find(&c->index, &idx, c->nr_blocks - 1, TC_DIRTY))
+	if (*cursor >= c->nr_blocks ||
+	    tc_next_dirty(c, *cursor, c->nr_blocks - 1, &idx) == TC_SLOT_NONE)
 		return NULL;
 	*cursor = idx + 1;
 	req = tc_wb_scratch(c, max_t(u32, lim.max_blocks, 1));
@@ -539,8 +503,8 @@ static struct block_device *tc_wb_src(struct tc_cache *c, struct tc_wb_req *req,
 {
 	struct tc_wb_blk *blk = &req->blks[i];
 
-	if (blk->e) {
-		*sector = tc_slot_sector(c, tc_slot_of(c, blk->e));
+	if (blk->slot != TC_SLOT_NONE) {
+		*sector = tc_slot_sector(c, blk->slot);
 		return c->cache_bdev;
 	}
 	*sector = (req->first + i) << c->block_shift;
@@ -585,7 +549,7 @@ static bool tc_wb_split_holes(struct tc_wb_req *req, u32 *lo, u32 *hi)
 	u32 i;
 
 	for (i = 0; i < req->nr; i++) {
-		if (req->blks[i].e) {
+		if (req->blks[i].slot != TC_SLOT_NONE) {
 			split |= seen;
 			continue;
 		}
@@ -694,38 +658,38 @@ static void tc_wb_write_runs(struct tc_cache *c, struct tc_wb_req *req)
 
 /*
  * A written dirty block is clean unless it was rewritten: checked under its
- * lock, so no write changes it meanwhile, and TC_E_WB is cleared before the
- * lock goes (a clean unlocked block may be evicted and its entry reused).
- * A block that stays dirty keeps its entry: eviction skips it and a discard
- * waits for TC_E_WB.  A block whose lock is busy is being written: it
- * stays dirty.
+ * lock, so no write changes it meanwhile (tc_wb_written()).  A block whose
+ * lock is busy is being written: it stays dirty.  Either way the request
+ * lets go of the slot (a slot removed meanwhile is freed then).
  */
 static void tc_wb_finish_blk(struct tc_cache *c, struct tc_wb_req *req, u32 i,
 			     bool written)
 {
 	struct tc_wb_blk *blk = &req->blks[i];
+	bool paid;
 
 	if (!written) {
-		tc_wb_untake(blk);
+		tc_wb_untake(c, blk->slot, blk->owed);
 		return;
 	}
 	/*
 	 * Taken during the running full flush, the version written pays what
-	 * the flush owed, including a debt a rewrite flagged while this
-	 * request was writing it (it replaced this version).  A request taken
-	 * before the flush began may have written an older version.
+	 * the flush owed, the block's newest when the request took it.  A
+	 * request taken before the flush began may have written an older one.
 	 */
-	if (test_bit(TC_FL_FULL, &c->fl.bits) &&
-	    req->full_gen == READ_ONCE(c->fl.full_gen))
-		clear_bit(TC_E_OWED, &blk->e->flags);
+	paid = test_bit(TC_FL_FULL, &c->fl.bits) &&
+	       req->full_gen == READ_ONCE(c->fl.full_gen);
 	if (tc_trylock(&c->locks, &blk->h, req->first + i, TC_LK_WB)) {
-		tc_mark_clean(c, blk->e, req->first + i, blk->seq);
-		clear_bit(TC_E_WB, &blk->e->flags);
+		tc_wb_written(c, blk->slot, paid);
+		if (paid)
+			tc_wb_repay(c, blk->slot, req->full_gen);
 		tc_unlock(&c->locks, &blk->h);
 		return;
 	}
-	clear_bit(TC_E_WB, &blk->e->flags);
-	/* still dirty: a full flush comes back unless it was rewritten */
+	tc_wb_let_go(c, blk->slot, paid);
+	if (paid)
+		tc_wb_repay(c, blk->slot, req->full_gen);
+	/* still dirty: a full flush comes back if it still owes the block */
 	tc_wb_skipped(c, req->first + i);
 }
 
@@ -902,7 +866,7 @@ static void tc_wb_pool_start(struct tc_cache *c)
 {
 	size_t chunk = PAGE_SIZE << TC_BUF_MAX_ORDER;
 	size_t req_bytes = (size_t)READ_ONCE(c->val[TC_KEY_MAX_FLUSH_KB]) << 10;
-	size_t dirty = (size_t)atomic_read(&c->nr_dirty) * tc_block_bytes(c);
+	size_t dirty = (size_t)tc_nr_dirty(c) * tc_block_bytes(c);
 	size_t ahead = min3(TC_WB_POOL_REQS * req_bytes, dirty,
 			    (size_t)TC_WB_POOL_MAX);
 
@@ -946,14 +910,30 @@ static void tc_wb_retry_work(struct work_struct *w)
 	tc_flush_kick(c);
 }
 
+/*
+ * The dirty slots written since the last merge join the ordered walk.  The
+ * engine may run on the reclaim path: its allocations do no I/O and give
+ * up rather than wait (the slots then wait for the next merge).
+ */
+static int tc_wb_merge(struct tc_cache *c)
+{
+	unsigned int noio = memalloc_noio_save();
+	int r = tc_index_merge(c, GFP_KERNEL | __GFP_NORETRY | __GFP_NOWARN);
+
+	memalloc_noio_restore(noio);
+	return r;
+}
+
+/*
+ * A full flush begins, after a merge that took every slot dirtied before:
+ * it owes the origin each of them.
+ */
 static void tc_wb_begin_full(struct tc_cache *c)
 {
 	struct tc_flush *fl = &c->fl;
 
 	WRITE_ONCE(fl->full_gen, fl->full_gen + 1);
-	WRITE_ONCE(fl->full_seq, U64_MAX);
-	/* a write that sees TC_FL_FULL sees full_seq owe it everything... */
-	smp_mb__before_atomic();
+	smp_mb__before_atomic();	/* the generation, then the flag */
 	set_bit(TC_FL_FULL, &fl->bits);
 	/*
 	 * The request goes only once the flush is seen running (a waiter
@@ -961,9 +941,9 @@ static void tc_wb_begin_full(struct tc_cache *c)
 	 */
 	smp_mb__before_atomic();
 	clear_bit(TC_FL_FULL_REQ, &fl->bits);
-	/* ...until the real full_seq, read after the bits are visible */
+	/* the generation before any OWED: see tc_wb_repay() */
 	smp_mb__after_atomic();
-	WRITE_ONCE(fl->full_seq, atomic64_read(&c->write_seq));
+	tc_index_owe_dirty(c);
 	clear_bit(TC_FL_PAUSED, &fl->bits);
 	fl->error = 0;
 	fl->cursor = 0;
@@ -1020,7 +1000,7 @@ static enum tc_pass_next tc_wb_end_pass(struct tc_cache *c)
 		fl->backoff_ms = 0;
 	}
 	if (test_bit(TC_FL_BACKGROUND, &fl->bits) &&
-	    (u64)atomic_read(&c->nr_dirty) * 100 <=
+	    (u64)tc_nr_dirty(c) * 100 <=
 	    (u64)READ_ONCE(c->val[TC_KEY_LOW_WATERMARK]) * c->nr_slots)
 		clear_bit(TC_FL_BACKGROUND, &fl->bits);
 	if (!tc_wb_wanted(c))
@@ -1060,8 +1040,17 @@ static void tc_flush_work(struct work_struct *w)
 	for (;;) {
 		if (test_bit(TC_FL_STOPPED, &fl->bits))
 			return;		/* tc_flush_stop() empties the pool */
-		if (test_bit(TC_FL_FULL_REQ, &fl->bits))
+		if (test_bit(TC_FL_FULL_REQ, &fl->bits)) {
+			/* a full flush must see every dirty slot */
+			if (tc_wb_merge(c)) {
+				tc_wb_later(c, TC_WB_NOMEM_DELAY);
+				return;
+			}
 			tc_wb_begin_full(c);
+		} else if (!fl->cursor || tc_index_want_merge(c)) {
+			/* a pass starts, or writers filled the tail */
+			tc_wb_merge(c);
+		}
 		if (!tc_wb_wanted(c))
 			break;
 		if (atomic_read(&fl->inflight) >=
@@ -1101,7 +1090,9 @@ static void tc_flush_work(struct work_struct *w)
 		tc_wb_start(c, req);
 		cond_resched();
 	}
-	/* writeback is idle: its buffers go back to the system */
+	/* writeback is idle: slots cleaned by it can be reclaimed now */
+	tc_wb_merge(c);
+	/* its buffers go back to the system */
 	tc_wb_drop_resv(c);
 	tc_pool_stop(&fl->pool);
 }
@@ -1154,7 +1145,7 @@ void tc_flush_check_watermark(struct tc_cache *c)
 
 	if (test_bit(TC_FL_BACKGROUND, &fl->bits))
 		return;
-	if ((u64)atomic_read(&c->nr_dirty) * 100 <
+	if ((u64)tc_nr_dirty(c) * 100 <
 	    (u64)READ_ONCE(c->val[TC_KEY_HIGH_WATERMARK]) * c->nr_slots)
 		return;
 	if (!test_and_set_bit(TC_FL_BACKGROUND, &fl->bits))
@@ -1212,11 +1203,11 @@ int tc_flush_drain(struct tc_cache *c)
 {
 	int r = 0;
 
-	if (atomic_read(&c->nr_dirty)) {
+	if (tc_nr_dirty(c)) {
 		clear_bit(TC_FL_STOPPED, &c->fl.bits);
 		r = tc_flush_sync(c);
 		tc_flush_stop(c);
-		if (!r && atomic_read(&c->nr_dirty))
+		if (!r && tc_nr_dirty(c))
 			r = -EBUSY;
 	}
 	/* the clean marks on disk before the cache is left or bypassed */

@@ -1,20 +1,29 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * dm-tiercache: cache slots and the index from origin block to slot.
- *
- * The index is an xarray keyed by origin block whose values point into the
- * per-slot entry array; the TC_DIRTY mark makes it walk dirty blocks in
- * ascending origin order.  Lookups are lockless (RCU inside the xarray).
- * Changes to the entry of a block are made by the holder of that block's
- * lock (tc_lock.c), so an entry a holder looks up cannot change under it.
+ * dm-tiercache: cache slots and the index from origin block to slot
+ * (tc_index.h).
  *
  * Free slots are a bitmap.  A block goes to the slot after its origin
  * predecessor's, else to its home slot (block mod slots), else to any free
  * slot: origin neighbours then tend to be cache neighbours, and writeback
  * reads a whole request with few bios (merging never depends on it).  When
  * no slot is free a CLOCK hand reclaims a clean slot that has not been
- * referenced since its last pass.  Dirty slots and slots whose block is
- * locked are never reclaimed.
+ * referenced since its last pass.  Dirty slots, slots still in the dirty
+ * order or in writeback, and slots whose block is locked are never
+ * reclaimed.
+ *
+ * A write that must survive a writeback in flight needs no sequence
+ * number: a request takes a dirty slot under its block's lock (WB set,
+ * REWRITTEN cleared), every write that dirties the slot afterwards sets
+ * REWRITTEN, and the request marks the slot clean, under the lock again,
+ * only if REWRITTEN is still clear.  A slot in writeback is not given to
+ * another block before the request lets go of it (TC_SF_OWNERS), so the
+ * request's slot number stays its block's.
+ *
+ * A full flush writes back what was dirty when it began: the engine sets
+ * OWED on every dirty slot when it begins (tc_index_owe_dirty()), a
+ * request that writes a slot pays its debt, and a busy slot that owes
+ * nothing is not waited for.
  */
 #include <linux/slab.h>
 #include <linux/vmalloc.h>
@@ -23,101 +32,171 @@
 
 /* How far one allocation may sweep before the write goes around. */
 #define TC_CLOCK_MAX_STEPS	1024
+/* slots the owed walk marks between reschedules */
+#define TC_OWE_BATCH		4096
+
+static void tc_index_release(void *ctx, u32 slot)
+{
+	tc_free_slot(ctx, slot);
+}
 
 int tc_index_init(struct tc_cache *c)
 {
-	xa_init(&c->index);
-	/* no warning when a huge cache does not fit: the table is refused */
-	c->entries = __vmalloc_array(c->nr_slots, sizeof(*c->entries),
-				     GFP_KERNEL | __GFP_ZERO | __GFP_NOWARN);
-	c->used_map = __vmalloc_array(BITS_TO_LONGS(c->nr_slots), sizeof(long),
-				      GFP_KERNEL | __GFP_ZERO | __GFP_NOWARN);
-	if (!c->entries || !c->used_map) {
-		tc_index_exit(c);
-		return -ENOMEM;
+	struct tc_index *ix = &c->ix;
+	int r;
+
+	spin_lock_init(&ix->alloc_lock);
+	atomic_set(&ix->nr_dirty, 0);
+	ix->nr_free = c->nr_slots;
+	ix->free_hint = 0;
+	ix->clock_hand = 0;
+	r = tc_slots_create(&ix->sl, c->nr_slots);
+	if (r)
+		return r;
+	r = tc_hmap_create(&ix->map, &ix->sl);
+	if (r)
+		goto fail_slots;
+	r = tc_dorder_create(&ix->dorder, &ix->sl, tc_index_release, c);
+	if (r)
+		goto fail_map;
+	ix->used_map = tc_bigalloc(BITS_TO_LONGS(c->nr_slots), sizeof(long),
+				   GFP_KERNEL | __GFP_ZERO);
+	if (!ix->used_map) {
+		r = -ENOMEM;
+		goto fail_dorder;
 	}
-	c->nr_free = c->nr_slots;
-	c->free_hint = 0;
-	c->clock_hand = 0;
-	spin_lock_init(&c->alloc_lock);
-	atomic_set(&c->nr_dirty, 0);
-	atomic64_set(&c->write_seq, 0);
+	ix->ready = true;
 	return 0;
+
+fail_dorder:
+	tc_dorder_destroy(&ix->dorder);
+fail_map:
+	tc_hmap_destroy(&ix->map);
+fail_slots:
+	tc_slots_destroy(&ix->sl);
+	return r;
 }
 
 void tc_index_exit(struct tc_cache *c)
 {
-	xa_destroy(&c->index);
-	vfree(c->used_map);
-	vfree(c->entries);
-	c->used_map = NULL;
-	c->entries = NULL;
+	struct tc_index *ix = &c->ix;
+
+	if (!ix->ready)
+		return;
+	ix->ready = false;
+	kvfree(ix->used_map);
+	ix->used_map = NULL;
+	tc_dorder_destroy(&ix->dorder);
+	tc_hmap_destroy(&ix->map);
+	tc_slots_destroy(&ix->sl);
 }
 
-struct tc_entry *tc_lookup(struct tc_cache *c, u64 block)
+/* ---- lookups and state ---- */
+
+/*
+ * The slot of @block, or TC_SLOT_NONE.  Stable for the holder of the
+ * block's lock; a hint for anyone else.
+ */
+u32 tc_lookup(struct tc_cache *c, u64 block)
 {
-	return xa_load(&c->index, block);
+	return tc_hmap_lookup(&c->ix.map, block);
+}
+
+bool tc_slot_dirty(struct tc_cache *c, u32 slot)
+{
+	return tc_slot_test(&c->ix.sl, slot, TC_SF_DIRTY);
 }
 
 bool tc_is_dirty(struct tc_cache *c, u64 block)
 {
-	return xa_get_mark(&c->index, block, TC_DIRTY);
+	u32 s = tc_lookup(c, block);
+
+	return s != TC_SLOT_NONE && tc_slot_dirty(c, s);
 }
 
-u32 tc_slot_of(struct tc_cache *c, struct tc_entry *e)
+/* A hit: CLOCK spares the slot once (no store when it is marked already). */
+void tc_touch(struct tc_cache *c, u32 slot)
 {
-	return e - c->entries;
+	if (!tc_slot_test(&c->ix.sl, slot, TC_SF_REF))
+		tc_slot_set(&c->ix.sl, slot, TC_SF_REF);
+}
+
+bool tc_slot_in_wb(struct tc_cache *c, u32 slot)
+{
+	return tc_slot_test(&c->ix.sl, slot, TC_SF_WB);
+}
+
+u64 tc_slot_origin(struct tc_cache *c, u32 slot)
+{
+	return tc_slot_block(&c->ix.sl, slot);
 }
 
 u32 tc_nr_used(struct tc_cache *c)
 {
-	return c->nr_slots - READ_ONCE(c->nr_free);
+	return c->nr_slots - READ_ONCE(c->ix.nr_free);
+}
+
+u32 tc_nr_dirty(struct tc_cache *c)
+{
+	return c->ix.ready ? atomic_read(&c->ix.nr_dirty) : 0;
+}
+
+/* ---- allocation ---- */
+
+/* Does the CLOCK hand leave @f alone (dirty, queued, in writeback)? */
+static bool tc_clock_spares(unsigned int f)
+{
+	return !(f & BIT(TC_SF_VALID)) ||
+	       (f & (BIT(TC_SF_DIRTY) | BIT(TC_SF_QUEUED) | BIT(TC_SF_WB)));
 }
 
 /*
  * Reclaim the clean slot under the CLOCK hand, if it is not referenced and
  * its block can be locked.  Called with alloc_lock held.
  */
-static bool tc_clock_try(struct tc_cache *c, struct tc_entry *e)
+static bool tc_clock_try(struct tc_cache *c, u32 s)
 {
+	struct tc_slots *sl = &c->ix.sl;
 	struct tc_holder h;
 
-	if (!test_bit(TC_E_VALID, &e->flags))
+	if (tc_clock_spares(tc_slot_flags(sl, s)))
 		return false;
-	if (test_and_clear_bit(TC_E_REF, &e->flags))
+	if (tc_slot_test_and_clear(sl, s, TC_SF_REF))
 		return false;
 	/* dirty on disk until a commit says otherwise */
-	if (tc_meta_disk_dirty(c, tc_slot_of(c, e)))
+	if (tc_meta_disk_dirty(c, s))
 		return false;
-	if (!tc_trylock(&c->locks, &h, READ_ONCE(e->block), TC_LK_EXCL))
+	if (!tc_trylock(&c->locks, &h, tc_slot_block(sl, s), TC_LK_EXCL))
 		return false;
 	/*
-	 * Under the block lock the entry is stable: is it still this one,
+	 * Under the block lock the slot is stable: is it still this block's,
 	 * still clean, and not made dirty and committed since the check?
 	 */
-	if (tc_lookup(c, h.block) != e || tc_is_dirty(c, h.block) ||
-	    tc_meta_disk_dirty(c, tc_slot_of(c, e))) {
+	if (tc_lookup(c, h.block) != s || tc_clock_spares(tc_slot_flags(sl, s)) ||
+	    tc_meta_disk_dirty(c, s)) {
 		tc_unlock(&c->locks, &h);
 		return false;
 	}
-	xa_erase(&c->index, h.block);
-	clear_bit(TC_E_VALID, &e->flags);
-	tc_meta_clear(c, tc_slot_of(c, e));
+	tc_hmap_delete(&c->ix.map, s);
+	/* neither queued nor in writeback: nobody else owns it */
+	WARN_ON_ONCE(tc_slot_retire(sl, s));
+	tc_meta_clear(c, s);
 	tc_unlock(&c->locks, &h);
 	return true;
 }
 
 static int tc_clock_reclaim(struct tc_cache *c, u32 *slot)
 {
+	struct tc_index *ix = &c->ix;
 	unsigned int steps;
 
-	if (atomic_read(&c->nr_dirty) >= c->nr_slots)
+	if (atomic_read(&ix->nr_dirty) >= c->nr_slots)
 		return -ENOSPC;
 	for (steps = 0; steps < TC_CLOCK_MAX_STEPS; steps++) {
-		u32 hand = c->clock_hand;
+		u32 hand = ix->clock_hand;
 
-		c->clock_hand = hand + 1 < c->nr_slots ? hand + 1 : 0;
-		if (tc_clock_try(c, &c->entries[hand])) {
+		ix->clock_hand = hand + 1 < c->nr_slots ? hand + 1 : 0;
+		if (tc_clock_try(c, hand)) {
 			*slot = hand;
 			return 0;
 		}
@@ -127,124 +206,359 @@ static int tc_clock_reclaim(struct tc_cache *c, u32 *slot)
 
 static bool tc_take_free(struct tc_cache *c, u32 slot)
 {
-	if (slot >= c->nr_slots || test_bit(slot, c->used_map))
+	struct tc_index *ix = &c->ix;
+
+	if (slot >= c->nr_slots || test_bit(slot, ix->used_map))
 		return false;
-	__set_bit(slot, c->used_map);
-	c->nr_free--;
+	__set_bit(slot, ix->used_map);
+	ix->nr_free--;
 	return true;
 }
 
 /* The free slot for @block that keeps origin neighbours together. */
 static u32 tc_pick_free(struct tc_cache *c, u64 block)
 {
-	struct tc_entry *prev = block ? tc_lookup(c, block - 1) : NULL;
+	struct tc_index *ix = &c->ix;
+	u32 prev = block ? tc_lookup(c, block - 1) : TC_SLOT_NONE;
 	u32 home, slot;
 
-	if (prev) {
-		slot = tc_slot_of(c, prev) + 1;
-		if (tc_take_free(c, slot))
-			return slot;
-	}
+	if (prev != TC_SLOT_NONE && tc_take_free(c, prev + 1))
+		return prev + 1;
 	div_u64_rem(block, c->nr_slots, &home);
 	if (tc_take_free(c, home))
 		return home;
-	slot = find_next_zero_bit(c->used_map, c->nr_slots, c->free_hint);
+	slot = find_next_zero_bit(ix->used_map, c->nr_slots, ix->free_hint);
 	if (slot >= c->nr_slots)
-		slot = find_first_zero_bit(c->used_map, c->nr_slots);
+		slot = find_first_zero_bit(ix->used_map, c->nr_slots);
 	tc_take_free(c, slot);
-	c->free_hint = slot + 1;
+	ix->free_hint = slot + 1;
 	return slot;
 }
 
 /* A slot to fill with @block: a free one, else a reclaimed clean one. */
 int tc_alloc_slot(struct tc_cache *c, u64 block, u32 *slot)
 {
+	struct tc_index *ix = &c->ix;
 	int r = 0;
 
-	spin_lock(&c->alloc_lock);
-	if (c->nr_free)
+	spin_lock(&ix->alloc_lock);
+	if (ix->nr_free)
 		*slot = tc_pick_free(c, block);
 	else
 		r = tc_clock_reclaim(c, slot);
-	spin_unlock(&c->alloc_lock);
+	spin_unlock(&ix->alloc_lock);
 	return r;
 }
 
+/* @slot holds nothing and nobody owns it: give it back. */
 void tc_free_slot(struct tc_cache *c, u32 slot)
 {
+	struct tc_index *ix = &c->ix;
+
 	if (tc_meta_defer_free(c, slot))
 		return;		/* freed by the commit that records it */
-	spin_lock(&c->alloc_lock);
-	__clear_bit(slot, c->used_map);
-	c->nr_free++;
-	spin_unlock(&c->alloc_lock);
+	spin_lock(&ix->alloc_lock);
+	__clear_bit(slot, ix->used_map);
+	ix->nr_free++;
+	spin_unlock(&ix->alloc_lock);
 }
 
-/* Index @block in @slot.  The caller holds the block lock. */
-int tc_insert(struct tc_cache *c, u32 slot, u64 block, bool dirty, gfp_t gfp)
+/* ---- changes, by the holder of the block's lock ---- */
+
+/* Put @slot in the dirty order: the caller holds the block's lock. */
+static int tc_queue_dirty(struct tc_cache *c, u32 slot)
 {
-	struct tc_entry *e = &c->entries[slot];
+	struct tc_index *ix = &c->ix;
+	bool was = tc_slot_dirty(c, slot);
 	int r;
 
-	e->block = block;
-	e->seq = atomic64_inc_return(&c->write_seq);
-	e->flags = 0;
-	set_bit(TC_E_VALID, &e->flags);
-	r = xa_err(xa_store(&c->index, block, e, gfp));
+	r = tc_dorder_mark_dirty(&ix->dorder, slot);
 	if (r) {
-		clear_bit(TC_E_VALID, &e->flags);
+		/* the tail is full: the engine merges it */
+		tc_flush_kick(c);
 		return r;
 	}
-	if (dirty) {
-		xa_set_mark(&c->index, block, TC_DIRTY);
-		atomic_inc(&c->nr_dirty);
-	}
+	if (!was)
+		atomic_inc(&ix->nr_dirty);
+	if (tc_dorder_want_merge(&ix->dorder))
+		tc_flush_kick(c);
 	return 0;
 }
 
-/* Drop a cached block, dirty or not, and free its slot. */
-void tc_remove(struct tc_cache *c, struct tc_entry *e)
+/*
+ * Index @block in the allocated @slot, clean or dirty.  -ENOSPC: the dirty
+ * order cannot take another slot now; nothing changed, the caller frees
+ * the slot.
+ */
+int tc_insert(struct tc_cache *c, u32 slot, u64 block, bool dirty)
 {
-	if (xa_get_mark(&c->index, e->block, TC_DIRTY))
-		atomic_dec(&c->nr_dirty);
-	xa_erase(&c->index, e->block);
-	clear_bit(TC_E_VALID, &e->flags);
-	tc_meta_clear(c, tc_slot_of(c, e));
-	tc_free_slot(c, tc_slot_of(c, e));
-}
+	struct tc_slots *sl = &c->ix.sl;
+	int r;
 
-/* The block was written in the cache: newer than the origin. */
-void tc_mark_dirty(struct tc_cache *c, struct tc_entry *e)
-{
-	u64 seq = atomic64_inc_return(&c->write_seq);
-
-	if (!xa_get_mark(&c->index, e->block, TC_DIRTY)) {
-		xa_set_mark(&c->index, e->block, TC_DIRTY);
-		atomic_inc(&c->nr_dirty);
-	} else if (tc_flush_owes(c, e->seq)) {
-		/* a full flush still owes the origin a version of the block */
-		set_bit(TC_E_OWED, &e->flags);
+	tc_slot_set_block(sl, slot, block);
+	tc_slot_set(sl, slot, TC_SF_VALID);
+	r = tc_hmap_insert(&c->ix.map, slot);
+	if (!r && dirty)
+		r = tc_queue_dirty(c, slot);
+	if (r) {
+		tc_hmap_delete(&c->ix.map, slot);
+		tc_slot_clear(sl, slot, TC_SF_VALID);
 	}
-	/* the flag before the sequence: tc_wb_skipped() reads them backwards */
-	smp_wmb();
-	WRITE_ONCE(e->seq, seq);
-	/* the slot holds this block already: safe to record before the data */
-	tc_meta_set(c, tc_slot_of(c, e), e->block, true);
+	return r;
 }
 
 /*
- * The origin now holds the data of write sequence @seq of @block.  Mark the
- * entry clean unless it was dropped, reused or rewritten meanwhile.
+ * Drop a cached block, dirty or not; its slot is freed by its last owner.
+ * A slot still in the dirty order waits for a merge: the engine is kicked
+ * for it, or the slot would stay taken while nothing else merges.
  */
-bool tc_mark_clean(struct tc_cache *c, struct tc_entry *e, u64 block, u64 seq)
+void tc_remove(struct tc_cache *c, u32 slot)
 {
-	if (!test_bit(TC_E_VALID, &e->flags) || e->block != block ||
-	    e->seq != seq)
-		return false;
-	if (!xa_get_mark(&c->index, block, TC_DIRTY))
-		return false;
-	xa_clear_mark(&c->index, block, TC_DIRTY);
-	atomic_dec(&c->nr_dirty);
-	tc_meta_set(c, tc_slot_of(c, e), block, false);
+	bool queued = tc_slot_test(&c->ix.sl, slot, TC_SF_QUEUED);
+
+	if (tc_slot_dirty(c, slot))
+		atomic_dec(&c->ix.nr_dirty);
+	tc_hmap_delete(&c->ix.map, slot);
+	tc_meta_clear(c, slot);
+	if (!tc_slot_retire(&c->ix.sl, slot)) {
+		tc_free_slot(c, slot);
+	} else if (queued) {
+		/* after the retire: see tc_index_merge() */
+		WRITE_ONCE(c->ix.cleaned, true);
+		tc_flush_kick(c);
+	}
+}
+
+/*
+ * The block was written in the cache: newer than the origin.  -ENOSPC if
+ * a clean slot cannot be queued now: it stays clean, and the caller writes
+ * the origin too.
+ */
+int tc_mark_dirty(struct tc_cache *c, u32 slot)
+{
+	int r = tc_queue_dirty(c, slot);
+
+	if (r)
+		return r;
+	/* a request writing the older data must leave it dirty */
+	tc_slot_set(&c->ix.sl, slot, TC_SF_REWRITTEN);
+	/* the slot holds this block already: safe to record before the data */
+	tc_meta_set(c, slot, tc_slot_origin(c, slot), true);
+	return 0;
+}
+
+/*
+ * Loading: @slot holds @block, dirty on disk.  The engine is not running:
+ * the slot joins the dirty order unsorted (tc_index_load_end() sorts).
+ */
+int tc_index_load(struct tc_cache *c, u32 slot, u64 block)
+{
+	struct tc_index *ix = &c->ix;
+	int r;
+
+	spin_lock(&ix->alloc_lock);
+	if (!tc_take_free(c, slot)) {
+		spin_unlock(&ix->alloc_lock);
+		return -EUCLEAN;
+	}
+	spin_unlock(&ix->alloc_lock);
+	tc_slot_set_block(&ix->sl, slot, block);
+	tc_slot_set(&ix->sl, slot, TC_SF_VALID);
+	r = tc_hmap_insert(&ix->map, slot);
+	if (!r)
+		r = tc_dorder_load(&ix->dorder, slot);
+	if (r)
+		return r;
+	atomic_inc(&ix->nr_dirty);
+	return 0;
+}
+
+/* Loading is over: the loaded dirty slots are sorted once. */
+void tc_index_load_end(struct tc_cache *c)
+{
+	tc_dorder_load_end(&c->ix.dorder);
+}
+
+/* ---- writeback ---- */
+
+/*
+ * Bring the dirty slots written since into the ordered walk, and drop the
+ * slots cleaned since.  Nothing to do (no slot queued or cleaned since the
+ * last merge) costs nothing: a merge reads every dirty slot's word.
+ */
+int tc_index_merge(struct tc_cache *c, gfp_t gfp)
+{
+	struct tc_dorder *d = &c->ix.dorder;
+
+	if (!READ_ONCE(d->nr_tail) && !d->nr_pending &&
+	    !READ_ONCE(c->ix.cleaned))
+		return 0;
+	/*
+	 * A slot is marked cleaned after its DIRTY went (the atomic update
+	 * that cleared it orders the two): cleared here before the slot words
+	 * are read, the mark of a slot this merge may miss is seen by the
+	 * next one.
+	 */
+	WRITE_ONCE(c->ix.cleaned, false);
+	smp_mb();	/* the mark cleared, then the slot words read */
+	return tc_dorder_merge(d, gfp);
+}
+
+/* Writers filled half the tail. */
+bool tc_index_want_merge(struct tc_cache *c)
+{
+	return tc_dorder_want_merge(&c->ix.dorder);
+}
+
+/*
+ * The first dirty block in [@from, @to] that the last merge saw, its slot
+ * returned (TC_SLOT_NONE: none).  The caller checks it under its lock.
+ */
+u32 tc_next_dirty(struct tc_cache *c, u64 from, u64 to, u64 *block)
+{
+	return tc_dorder_next(&c->ix.dorder, from, to, block);
+}
+
+/* Set OWED on @s if it is dirty. */
+static void tc_slot_owe(struct tc_slots *sl, u32 s)
+{
+	/* pairs with the full barrier before the check in tc_wb_repay() */
+	unsigned long *w = tc_slot_word(sl, s);
+	unsigned int sh = tc_slot_shift(s);
+	unsigned long old = READ_ONCE(*w);
+
+	do {
+		if (!(old & (BIT(TC_SF_DIRTY) << sh)) ||
+		    (old & (BIT(TC_SF_OWED) << sh)))
+			return;
+	} while (!try_cmpxchg(w, &old, old | (BIT(TC_SF_OWED) << sh)));
+}
+
+/*
+ * A full flush begins: it owes the origin every slot dirty now.  Called by
+ * the engine after a merge that took the whole tail, so every slot dirtied
+ * before is in the sorted part.
+ */
+void tc_index_owe_dirty(struct tc_cache *c)
+{
+	struct tc_dorder *d = &c->ix.dorder;
+	u64 i, n = tc_dorder_nr_sorted(d);
+
+	for (i = 0; i < n; i++) {
+		tc_slot_owe(&c->ix.sl, tc_dorder_at(d, i));
+		if (!((i + 1) % TC_OWE_BATCH))
+			cond_resched();
+	}
+}
+
+/*
+ * Writeback lets go of @slot: WB and the flags in @clear are cleared, OWED
+ * given back if @owed and the slot still holds its block; if writeback was
+ * the slot's last owner, the slot is freed.
+ */
+static void tc_wb_drop(struct tc_cache *c, u32 slot, unsigned int clear,
+		       bool owed)
+{
+	struct tc_slots *sl = &c->ix.sl;
+	unsigned long *w = tc_slot_word(sl, slot);
+	unsigned int sh = tc_slot_shift(slot), f, nf;
+	unsigned long old = READ_ONCE(*w), new;
+
+	do {
+		f = (old >> sh) & TC_SF_MASK;
+		nf = f & ~(clear | BIT(TC_SF_WB));
+		if (owed && (f & BIT(TC_SF_VALID)))
+			nf |= BIT(TC_SF_OWED);
+		new = (old & ~(TC_SF_MASK << sh)) | ((unsigned long)nf << sh);
+	} while (!try_cmpxchg(w, &old, new));
+	if (WARN_ON_ONCE(!(f & BIT(TC_SF_WB))))
+		return;
+	if (!(nf & TC_SF_OWNERS))
+		tc_free_slot(c, slot);
+}
+
+/*
+ * Take the dirty @slot into a writeback request (the caller holds its
+ * block's lock).  False if an earlier request still writes it.  *@owed:
+ * the slot carried a full flush's debt, which the request now pays.
+ */
+bool tc_wb_take(struct tc_cache *c, u32 slot, bool *owed)
+{
+	struct tc_slots *sl = &c->ix.sl;
+	unsigned long *w = tc_slot_word(sl, slot);
+	unsigned int sh = tc_slot_shift(slot);
+	unsigned long old = READ_ONCE(*w), new;
+
+	do {
+		if (old & (BIT(TC_SF_WB) << sh))
+			return false;
+		new = old | (BIT(TC_SF_WB) << sh);
+		new &= ~((BIT(TC_SF_REWRITTEN) | BIT(TC_SF_OWED)) << sh);
+	} while (!try_cmpxchg(w, &old, new));
+	*owed = old & (BIT(TC_SF_OWED) << sh);
 	return true;
+}
+
+/* A taken slot leaves its request unwritten: its debt stays. */
+void tc_wb_untake(struct tc_cache *c, u32 slot, bool owed)
+{
+	tc_wb_drop(c, slot, 0, owed);
+}
+
+/*
+ * The request's data of @slot is durable on the origin; the caller holds
+ * the block's lock.  The slot is clean unless it was rewritten (or removed)
+ * meanwhile.  @paid: the request paid a running full flush's debt.
+ */
+void tc_wb_written(struct tc_cache *c, u32 slot, bool paid)
+{
+	unsigned int f = tc_slot_flags(&c->ix.sl, slot);
+	unsigned int owed = paid ? BIT(TC_SF_OWED) : 0;
+	u64 block = tc_slot_origin(c, slot);
+
+	if ((f & (BIT(TC_SF_VALID) | BIT(TC_SF_DIRTY) | BIT(TC_SF_REWRITTEN))) !=
+	    (BIT(TC_SF_VALID) | BIT(TC_SF_DIRTY))) {
+		tc_wb_drop(c, slot, owed, false);
+		return;
+	}
+	/* what the origin holds now pays any debt */
+	tc_wb_drop(c, slot, BIT(TC_SF_DIRTY) | BIT(TC_SF_OWED), false);
+	atomic_dec(&c->ix.nr_dirty);
+	/* after DIRTY went: see tc_index_merge() */
+	WRITE_ONCE(c->ix.cleaned, true);
+	tc_meta_set(c, slot, block, false);
+}
+
+/*
+ * A request of full flush @gen paid the debt of @slot: if another full
+ * flush began meanwhile, its walk may have set OWED before the request
+ * cleared it.  The slot owes the new flush if it is still dirty (setting
+ * OWED on a dirty slot the flush did not need costs at most a pass).
+ */
+void tc_wb_repay(struct tc_cache *c, u32 slot, u32 gen)
+{
+	smp_mb();	/* the cleared OWED, then the generation */
+	if (READ_ONCE(c->fl.full_gen) != gen)
+		tc_slot_owe(&c->ix.sl, slot);
+}
+
+/* The request is written but the block is busy: it stays dirty. */
+void tc_wb_let_go(struct tc_cache *c, u32 slot, bool paid)
+{
+	tc_wb_drop(c, slot, paid ? BIT(TC_SF_OWED) : 0, false);
+}
+
+/*
+ * A dirty block was busy: does a running full flush have to come back for
+ * it?  Yes if its slot owes the flush or is being written (the request may
+ * fail); a block not found is left to the next pass to decide.
+ */
+bool tc_wb_owed(struct tc_cache *c, u64 block)
+{
+	u32 s = tc_lookup(c, block);
+
+	if (s == TC_SLOT_NONE)
+		return true;
+	return tc_slot_flags(&c->ix.sl, s) &
+	       (BIT(TC_SF_OWED) | BIT(TC_SF_WB));
 }

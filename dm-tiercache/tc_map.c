@@ -74,16 +74,17 @@ struct tc_holder *tc_holder_of(struct bio *bio)
 static enum tc_action tc_read(struct tc_cache *c, struct bio *bio,
 			      struct tc_bio *pb, u64 block)
 {
-	struct tc_entry *e = tc_lookup(c, block);
+	u32 slot;
 
 	if (c->mode == TC_MODE_PASSTHROUGH) {
 		tc_count(c, TC_S_READ_MISS);
 		return TC_TO_ORIGIN;
 	}
-	if (e) {
+	slot = tc_lookup(c, block);
+	if (slot != TC_SLOT_NONE) {
 		tc_count(c, TC_S_READ_HIT);
-		set_bit(TC_E_REF, &e->flags);
-		pb->slot = tc_slot_of(c, e);
+		tc_touch(c, slot);
+		pb->slot = slot;
 		return TC_TO_CACHE;
 	}
 	tc_count(c, TC_S_READ_MISS);
@@ -107,7 +108,7 @@ static bool tc_write_allocate(struct tc_cache *c, struct tc_bio *pb, u64 block)
 {
 	if (tc_alloc_slot(c, block, &pb->slot))
 		return false;
-	if (tc_insert(c, pb->slot, block, true, GFP_NOWAIT)) {
+	if (tc_insert(c, pb->slot, block, true)) {
 		tc_free_slot(c, pb->slot);
 		return false;
 	}
@@ -129,22 +130,21 @@ static enum tc_action tc_write_cache(struct tc_cache *c, struct bio *bio,
 }
 
 /*
- * A write hit while writes do not make blocks dirty (writethrough, cleaner):
- * it goes to the cache and the origin.  A dirty block stays dirty with a new
- * sequence, so a writeback request that read its older data cannot mark it
- * clean; if that request is still writing, the new data goes to the cache
- * only (two writes of one block in flight to the origin may land in any
- * order) and writeback carries it later.
+ * A write hit while writes do not make blocks dirty (writethrough, cleaner,
+ * or no room in the dirty order): it goes to the cache and the origin.  A
+ * dirty block stays dirty and is marked rewritten, so a writeback request
+ * that read its older data cannot mark it clean; if that request is still
+ * writing, the new data goes to the cache only (two writes of one block in
+ * flight to the origin may land in any order) and writeback carries it
+ * later.
  */
 static enum tc_action tc_write_through(struct tc_cache *c, struct bio *bio,
-				       struct tc_bio *pb, u64 block,
-				       struct tc_entry *e)
+				       struct tc_bio *pb, u32 slot)
 {
-	if (tc_is_dirty(c, block)) {
-		tc_mark_dirty(c, e);
-		if (test_bit(TC_E_WB, &e->flags))
-			return tc_write_cache(c, bio, pb);
-	}
+	/* a dirty slot is in the dirty order: marking it cannot fail */
+	if (tc_slot_dirty(c, slot) && !tc_mark_dirty(c, slot) &&
+	    tc_slot_in_wb(c, slot))
+		return tc_write_cache(c, bio, pb);
 	pb->stage = TC_ST_BOTH;
 	return TC_CONTINUE;
 }
@@ -152,23 +152,25 @@ static enum tc_action tc_write_through(struct tc_cache *c, struct bio *bio,
 static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 			       struct tc_bio *pb, u64 block)
 {
-	struct tc_entry *e = tc_lookup(c, block);
+	u32 slot = tc_lookup(c, block);
 
 	if (c->mode == TC_MODE_PASSTHROUGH) {
-		tc_count(c, e ? TC_S_WRITE_HIT : TC_S_WRITE_MISS);
+		tc_count(c, slot != TC_SLOT_NONE ? TC_S_WRITE_HIT :
+						   TC_S_WRITE_MISS);
 		tc_count(c, TC_S_WRITE_BYPASS);
-		if (e)
-			tc_remove(c, e);
+		if (slot != TC_SLOT_NONE)
+			tc_remove(c, slot);
 		return TC_TO_ORIGIN;
 	}
-	if (e) {
+	if (slot != TC_SLOT_NONE) {
 		tc_count(c, TC_S_WRITE_HIT);
-		set_bit(TC_E_REF, &e->flags);
-		pb->slot = tc_slot_of(c, e);
+		tc_touch(c, slot);
+		pb->slot = slot;
 		if (!tc_writes_dirty(c))
-			return tc_write_through(c, bio, pb, block, e);
-		pb->was_clean = !tc_is_dirty(c, block);
-		tc_mark_dirty(c, e);
+			return tc_write_through(c, bio, pb, slot);
+		pb->was_clean = !tc_slot_dirty(c, slot);
+		if (tc_mark_dirty(c, slot))
+			return tc_write_through(c, bio, pb, slot);
 		return tc_write_cache(c, bio, pb);
 	}
 	tc_count(c, TC_S_WRITE_MISS);
@@ -189,7 +191,8 @@ static enum tc_lock_mode tc_bio_lock_mode(struct tc_cache *c, struct bio *bio,
 					  u64 block)
 {
 	if (bio_data_dir(bio) == READ &&
-	    (c->mode == TC_MODE_PASSTHROUGH || tc_lookup(c, block)))
+	    (c->mode == TC_MODE_PASSTHROUGH ||
+	     tc_lookup(c, block) != TC_SLOT_NONE))
 		return TC_LK_READ;
 	return TC_LK_EXCL;
 }
@@ -371,15 +374,12 @@ int tc_end_io(struct dm_target *ti, struct bio *bio, blk_status_t *error)
  */
 static void tc_drop_slot(struct tc_cache *c, struct tc_bio *pb)
 {
-	struct tc_entry *e;
-
 	if (!pb->meta_new && !pb->was_clean)
 		return;
 	pb->meta_new = false;
 	pb->was_clean = false;
-	e = tc_lookup(c, pb->block);
-	if (e && tc_slot_of(c, e) == pb->slot)
-		tc_remove(c, e);
+	if (tc_lookup(c, pb->block) == pb->slot)
+		tc_remove(c, pb->slot);
 	tc_count(c, TC_S_WRITE_BYPASS);
 }
 
@@ -546,11 +546,11 @@ static void tc_both_done(struct tc_cache *c, struct bio *bio,
 			 struct tc_bio *pb)
 {
 	u64 block = bio->bi_iter.bi_sector >> c->block_shift;
-	struct tc_entry *e = tc_lookup(c, block);
-	bool dirty = tc_is_dirty(c, block);
+	u32 slot = tc_lookup(c, block);
+	bool dirty = slot != TC_SLOT_NONE && tc_slot_dirty(c, slot);
 
-	if (e && !dirty && (pb->status || pb->cache_status))
-		tc_remove(c, e);
+	if (slot != TC_SLOT_NONE && !dirty && (pb->status || pb->cache_status))
+		tc_remove(c, slot);
 	if (dirty && pb->cache_status)
 		pb->status = pb->cache_status;
 	/* the data is on the origin: a stale entry must not overwrite it */
@@ -568,7 +568,7 @@ static void tc_promote_done(struct tc_cache *c, struct bio *bio,
 	tc_buf_free(NULL, &pb->buf);
 	/* a promotion may fail: no waiting for memory on the reclaim path */
 	if (pb->status || pb->cache_status ||
-	    tc_insert(c, pb->slot, block, false, GFP_NOWAIT))
+	    tc_insert(c, pb->slot, block, false))
 		tc_free_slot(c, pb->slot);
 	else
 		tc_meta_set(c, pb->slot, block, false);
@@ -699,22 +699,49 @@ void tc_io_work(struct work_struct *w)
  * ends, or a crash would bring the old data back over anything written
  * later.
  */
+static bool tc_discard_block(struct tc_cache *c, u64 block, u32 slot,
+			     u64 first, u64 end)
+{
+	bool disk_dirty;
+
+	/* no copy of the block still on its way to the origin */
+	wait_event_idle(c->locks.wait, !tc_slot_in_wb(c, slot));
+	if ((block < first || block >= end) && tc_slot_dirty(c, slot))
+		return false;
+	/* before the slot may be freed and taken by another block */
+	disk_dirty = tc_meta_disk_dirty(c, slot);
+	tc_remove(c, slot);
+	return disk_dirty;
+}
+
+/* How many lookups or slot words a discard visits between reschedules. */
+#define TC_DISCARD_BATCH	1024
+
 static bool tc_discard_range(struct tc_cache *c, u64 lo, u64 hi, u64 first,
 			     u64 end)
 {
-	struct tc_entry *e;
-	unsigned long idx;
 	bool commit = false;
+	u64 b;
+	u32 s;
 
-	xa_for_each_range(&c->index, idx, e, lo, hi - 1) {
-		/* no copy of the block still on its way to the origin */
-		wait_event_idle(c->locks.wait,
-				!test_bit(TC_E_WB, &e->flags));
-		if ((idx < first || idx >= end) && tc_is_dirty(c, idx))
-			continue;
-		commit |= tc_meta_disk_dirty(c, tc_slot_of(c, e));
-		tc_remove(c, e);
-		cond_resched();
+	/* the cheaper walk: every block of the range, or every slot */
+	if (hi - lo <= c->nr_slots) {
+		for (b = lo; b < hi; b++) {
+			s = tc_lookup(c, b);
+			if (s != TC_SLOT_NONE)
+				commit |= tc_discard_block(c, b, s, first, end);
+			if (!((b + 1 - lo) % TC_DISCARD_BATCH))
+				cond_resched();
+		}
+		return commit;
+	}
+	for (s = 0; s < c->nr_slots; s++) {
+		/* a hint: under the range lock, the map has the last word */
+		b = tc_slot_origin(c, s);
+		if (b >= lo && b < hi && tc_lookup(c, b) == s)
+			commit |= tc_discard_block(c, b, s, first, end);
+		if (!((s + 1) % TC_DISCARD_BATCH))
+			cond_resched();
 	}
 	return commit;
 }

@@ -519,19 +519,17 @@ static void tc_meta_report(struct tc_cache *c, u32 slot, enum tc_de_result r,
 /* Index one committed dirty block found on disk. */
 static int tc_meta_load_dirty(struct tc_cache *c, u32 slot, u64 block)
 {
-	struct tc_entry *other = tc_lookup(c, block);
+	u32 other = tc_lookup(c, block);
 	int r;
 
-	if (other) {
+	if (other != TC_SLOT_NONE) {
 		DMERR("%s: corrupt metadata: block %llu is dirty in slots %u and %u",
-		      c->name, block, tc_slot_of(c, other), slot);
+		      c->name, block, other, slot);
 		return -EUCLEAN;
 	}
-	r = tc_insert(c, slot, block, true, GFP_KERNEL);
+	r = tc_index_load(c, slot, block);
 	if (r)
 		return r;
-	__set_bit(slot, c->used_map);
-	c->nr_free--;
 	__set_bit(slot, c->meta.disk_dirty);
 	return 0;
 }
@@ -560,6 +558,9 @@ static int tc_meta_load_entries(struct tc_cache *c, char **error)
 		enum tc_de_result res = tc_de_decode(d, s, c->nr_blocks,
 						     m->committed_seq, &info);
 
+		if (!((s + 1) % TC_ENTRIES_PER_MBLOCK))
+			cond_resched();
+
 		switch (res) {
 		case TC_DE_EMPTY:
 		case TC_DE_CLEAN:
@@ -582,6 +583,7 @@ static int tc_meta_load_entries(struct tc_cache *c, char **error)
 			break;
 		}
 	}
+	tc_index_load_end(c);
 	if (nr_bad) {
 		*error = "Cache metadata has corrupt entries (see the kernel log; tiercache check)";
 		DMERR("%s: %u corrupt metadata entries: refusing to load", c->name,

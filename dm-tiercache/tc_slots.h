@@ -40,9 +40,9 @@
  *   OLDER       set on the older versions of a version chain
  *   QUEUED      the slot is in the dirty order (tc_dorder.c), exactly once;
  *               set with DIRTY under the tail lock, cleared by the merge
- *               when the slot is no longer dirty.  While QUEUED the block
- *               must not change: the slot is not given out again before
- *               the merge has dropped it (tc_slot_retire()).
+ *               when the slot is no longer dirty.  While QUEUED (or WB)
+ *               the block must not change: the slot is not given out
+ *               again before the last owner let go (tc_slot_let_go()).
  */
 #ifndef DM_TIERCACHE_SLOTS_H
 #define DM_TIERCACHE_SLOTS_H
@@ -170,18 +170,36 @@ static inline unsigned int tc_slot_update(struct tc_slots *sl, u32 s,
 }
 
 /*
- * The slot leaves the map (removed or reclaimed): every flag but QUEUED is
- * cleared at once.  Returns true if the slot is still QUEUED: the dirty
- * order owns it until its merge drops it and hands it to the release
- * callback (tc_dorder.c); the caller must not reuse it before that.
- * Returns false if the caller may free the slot now.
+ * A slot is owned while it is VALID (in the map), QUEUED (in the dirty
+ * order) or in writeback (WB: a request still holds its slot number).  It
+ * may take another block only once all three have let go.
+ */
+#define TC_SF_OWNERS	(BIT(TC_SF_VALID) | BIT(TC_SF_QUEUED) | BIT(TC_SF_WB))
+
+/*
+ * Clear the flags in @mask, some of them owners.  Returns true if that let
+ * the last owner go: the caller frees the slot.  Of several contexts
+ * letting go at once, exactly one sees this.
+ */
+static inline bool tc_slot_let_go(struct tc_slots *sl, u32 s,
+				  unsigned int mask)
+{
+	unsigned int old = tc_slot_update(sl, s, mask, 0);
+
+	return (old & TC_SF_OWNERS) && !(old & TC_SF_OWNERS & ~mask);
+}
+
+/*
+ * The slot leaves the map (removed or reclaimed): every flag but QUEUED
+ * and WB is cleared at once.  Returns true if the slot is still QUEUED or
+ * in writeback: the dirty order (tc_dorder.c) or the writeback request
+ * owns it until it lets go, and the last of them frees it; the caller must
+ * not reuse it.  Returns false if the caller may free the slot now.
  */
 static inline bool tc_slot_retire(struct tc_slots *sl, u32 s)
 {
-	unsigned int old = tc_slot_update(sl, s,
-					  TC_SF_MASK & ~BIT(TC_SF_QUEUED), 0);
-
-	return old & BIT(TC_SF_QUEUED);
+	return !tc_slot_let_go(sl, s, TC_SF_MASK & ~(BIT(TC_SF_QUEUED) |
+						      BIT(TC_SF_WB)));
 }
 
 #endif /* DM_TIERCACHE_SLOTS_H */

@@ -78,6 +78,14 @@ static int tc_check_sizes(struct dm_target *ti, struct tc_target *t,
 		      (unsigned long long)ti->len);
 		return -EINVAL;
 	}
+	/* the index keeps 40 bits of an origin block (4 PiB of 4 KiB) */
+	if ((ti->len >> ilog2(t->args.block_sectors)) > TC_SLOT_MAX_BLOCK + 1) {
+		ti->error = "The target is too large for its block size";
+		DMERR("Target too large: %llu sectors are more than 2^%u blocks of %u sectors",
+		      (unsigned long long)ti->len, TC_SLOT_BLOCK_BITS,
+		      t->args.block_sectors);
+		return -EINVAL;
+	}
 	if (!tc_disk_layout(cache_size, t->args.block_sectors, &l))
 		slots = l.nr_slots;
 	if (slots < TC_MIN_SLOTS) {
@@ -161,9 +169,9 @@ static void tc_emit_info(struct tc_cache *c, char *result, unsigned int maxlen,
 	u64 ratio = reqs ? div64_u64(blocks * 100, reqs) : 0;
 	unsigned int sz = *sz_ptr;
 
-	DMEMIT("%s %u %u/%u %d %llu %llu %llu %llu %llu %s %llu %llu %llu %llu %llu.%02llu %lld %d %d %lu %d %lld %d",
+	DMEMIT("%s %u %u/%u %u %llu %llu %llu %llu %llu %s %llu %llu %llu %llu %llu.%02llu %lld %d %d %lu %d %lld %d",
 	       tc_mode_name(c->mode), c->block_sectors, tc_nr_used(c),
-	       c->nr_slots, atomic_read(&c->nr_dirty),
+	       c->nr_slots, tc_nr_dirty(c),
 	       tc_stat_sum(c, TC_S_READ_HIT), tc_stat_sum(c, TC_S_READ_MISS),
 	       tc_stat_sum(c, TC_S_WRITE_HIT), tc_stat_sum(c, TC_S_WRITE_MISS),
 	       tc_stat_sum(c, TC_S_WRITE_BYPASS), tc_flush_state(c),
@@ -300,8 +308,8 @@ static void tc_postsuspend(struct dm_target *ti)
 	    !READ_ONCE(c->read_only)) {
 		r = tc_flush_sync(c);
 		if (r)
-			DMERR("%s: flush on suspend failed (%d): %d dirty blocks remain",
-			      c->name, r, atomic_read(&c->nr_dirty));
+			DMERR("%s: flush on suspend failed (%d): %u dirty blocks remain",
+			      c->name, r, tc_nr_dirty(c));
 	}
 	tc_flush_stop(c);
 	tc_meta_suspend(c);
@@ -323,14 +331,15 @@ static void tc_postsuspend(struct dm_target *ti)
 static int tc_preresume_replace(struct tc_target *t)
 {
 	struct tc_cache *old = t->hold;
-	int dirty, r;
+	u32 dirty;
+	int r;
 
 	if (t->c->replace_error)
 		return t->c->replace_error;
 	if (!old || old == t->c)
 		return 0;
 	r = tc_flush_drain(old);
-	dirty = atomic_read(&old->nr_dirty);
+	dirty = tc_nr_dirty(old);
 	if (!r)
 		return 0;
 	if (!dirty) {
@@ -338,7 +347,7 @@ static int tc_preresume_replace(struct tc_target *t)
 		      old->name, r);
 		return 0;
 	}
-	DMERR("%s: the cache device this table replaces keeps %d dirty blocks (writeback failed: %d): resume refused; load a table with the old cache device to reach them",
+	DMERR("%s: the cache device this table replaces keeps %u dirty blocks (writeback failed: %d): resume refused; load a table with the old cache device to reach them",
 	      old->name, dirty, r);
 	t->c->replace_error = r;
 	tc_cache_release_hold(t);
@@ -357,15 +366,15 @@ static void tc_preresume_passthrough(struct tc_target *t)
 	int r;
 
 	t->passthrough_failed = false;
-	if (t->args.mode != TC_MODE_PASSTHROUGH || !atomic_read(&c->nr_dirty))
+	if (t->args.mode != TC_MODE_PASSTHROUGH || !tc_nr_dirty(c))
 		return;
 	/* a read-only table writes nothing back: it serves the dirty copies */
 	r = t->read_only ? -EROFS : tc_flush_drain(c);
 	if (!r)
 		return;
 	t->passthrough_failed = true;
-	DMERR("%s: passthrough postponed: %d dirty blocks could not be written back (%d): running writethrough",
-	      c->name, atomic_read(&c->nr_dirty), r);
+	DMERR("%s: passthrough postponed: %u dirty blocks could not be written back (%d): running writethrough",
+	      c->name, tc_nr_dirty(c), r);
 }
 
 static int tc_preresume(struct dm_target *ti)

@@ -11,7 +11,6 @@
 #include <linux/device-mapper.h>
 #include <linux/bio.h>
 #include <linux/blkdev.h>
-#include <linux/xarray.h>
 #include <linux/workqueue.h>
 #include <linux/wait.h>
 #include <linux/list.h>
@@ -22,6 +21,7 @@
 #include "tc_lock.h"
 #include "compat.h"
 #include "tc_disk.h"
+#include "tc_index.h"
 
 #define DM_MSG_PREFIX "tiercache"
 
@@ -30,9 +30,6 @@
 #define TC_MIN_SLOTS		16
 #define TC_MAX_FLUSH_KB		16384
 #define TC_DEFAULT_FLUSH_KB	1024
-
-/* xarray mark of dirty blocks in the index */
-#define TC_DIRTY		XA_MARK_0
 
 enum tc_mode {
 	TC_MODE_WRITEBACK,
@@ -75,19 +72,6 @@ const char *tc_key_name(enum tc_key k);
 const char *tc_mode_name(enum tc_mode m);
 void tc_args_emit(const struct tc_args *a, char *result, unsigned int maxlen,
 		  unsigned int *sz);
-
-/* ---- tc_index.c: slots, the block index and clean-slot reclaim ---- */
-
-struct tc_entry {
-	u64 block;			/* origin block held by the slot */
-	u64 seq;			/* write sequence of the data */
-	unsigned long flags;		/* TC_E_* bits */
-};
-
-#define TC_E_VALID	0		/* slot holds a block */
-#define TC_E_REF	1		/* referenced since the last CLOCK pass */
-#define TC_E_WB		2		/* in a writeback request */
-#define TC_E_OWED	3		/* rewritten before a full flush wrote it */
 
 /* per-bio counters: per CPU, summed when the status is read */
 enum tc_io_stat {
@@ -160,7 +144,6 @@ struct tc_flush {
 	struct work_struct done_work;	/* completions in process context */
 	unsigned long bits;		/* enum tc_flush_bits */
 	u64 cursor;			/* next origin block of the sweep */
-	u64 full_seq;			/* write_seq when the full flush began */
 	u32 full_gen;			/* full flushes begun */
 	bool pass_skipped;		/* a dirty block was busy this pass */
 	bool pass_issued;		/* a request was issued this pass */
@@ -234,16 +217,7 @@ struct tc_cache {
 	u32 nr_slots;
 	sector_t data_start;		/* first data sector on the cache dev */
 
-	/* index */
-	struct tc_entry *entries;	/* one per slot */
-	struct xarray index;		/* origin block -> entry */
-	spinlock_t alloc_lock;		/* slot bitmap and CLOCK hand */
-	unsigned long *used_map;	/* bit per slot: holds a block */
-	u32 nr_free;
-	u32 free_hint;
-	u32 clock_hand;
-	atomic_t nr_dirty;
-	atomic64_t write_seq;
+	struct tc_index ix;		/* tc_index.h */
 
 	struct tc_locks locks;
 
@@ -356,19 +330,6 @@ static inline unsigned int tc_block_bytes(struct tc_cache *c)
 	return c->block_sectors << SECTOR_SHIFT;
 }
 
-int tc_index_init(struct tc_cache *c);
-void tc_index_exit(struct tc_cache *c);
-struct tc_entry *tc_lookup(struct tc_cache *c, u64 block);
-bool tc_is_dirty(struct tc_cache *c, u64 block);
-int tc_alloc_slot(struct tc_cache *c, u64 block, u32 *slot);
-void tc_free_slot(struct tc_cache *c, u32 slot);
-int tc_insert(struct tc_cache *c, u32 slot, u64 block, bool dirty, gfp_t gfp);
-void tc_remove(struct tc_cache *c, struct tc_entry *e);
-void tc_mark_dirty(struct tc_cache *c, struct tc_entry *e);
-bool tc_mark_clean(struct tc_cache *c, struct tc_entry *e, u64 block, u64 seq);
-u32 tc_slot_of(struct tc_cache *c, struct tc_entry *e);
-u32 tc_nr_used(struct tc_cache *c);
-
 /* ---- tc_meta.c ---- */
 
 void tc_meta_init(struct tc_cache *c);
@@ -402,7 +363,6 @@ void tc_flush_init(struct tc_cache *c);
 void tc_flush_start_full(struct tc_cache *c);
 void tc_flush_kick(struct tc_cache *c);
 void tc_flush_reserved(void *ctx);
-bool tc_flush_owes(struct tc_cache *c, u64 seq);
 void tc_flush_check_watermark(struct tc_cache *c);
 void tc_flush_stop(struct tc_cache *c);
 void tc_flush_resume(struct tc_cache *c);

@@ -13,6 +13,7 @@
 #include "tc_dorder.h"
 
 unsigned int tc_host_fail_allocs;
+__thread struct tc_host_sort tc_host_sort;
 void (*tc_host_race_hook)(void);
 
 static u64 rng_state = 42;

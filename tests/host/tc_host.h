@@ -27,6 +27,7 @@ typedef uint64_t u64;
 #define GFP_KERNEL	0x1u
 #define GFP_NOIO	0x2u
 #define __GFP_ZERO	0x100u
+#define __GFP_NOWARN	0x200u
 
 #define U32_MAX		UINT32_MAX
 #define U64_MAX		UINT64_MAX
@@ -156,5 +157,31 @@ static inline u64 mul_u64_u64_shr(u64 a, u64 mul, unsigned int shift)
 
 #define sort(base, num, size, cmp, swap) \
 	qsort((base), (num), (size), (cmp))
+
+/* the kernel's sort_r() on qsort(): the context in a thread variable */
+struct tc_host_sort {
+	int (*cmp)(const void *a, const void *b, const void *priv);
+	const void *priv;
+};
+extern __thread struct tc_host_sort tc_host_sort;
+
+static inline int tc_host_sort_cmp(const void *a, const void *b)
+{
+	return tc_host_sort.cmp(a, b, tc_host_sort.priv);
+}
+
+static inline void sort_r(void *base, size_t num, size_t size,
+			  int (*cmp)(const void *, const void *, const void *),
+			  void *swap, const void *priv)
+{
+	(void)swap;
+	tc_host_sort.cmp = cmp;
+	tc_host_sort.priv = priv;
+	qsort(base, num, size, tc_host_sort_cmp);
+}
+
+/* ---- scheduling ---- */
+#define gfpflags_allow_blocking(gfp)	(((gfp) & GFP_KERNEL) != 0)
+#define cond_resched()			do { } while (0)
 
 #endif /* TC_HOST_H */

@@ -15,6 +15,7 @@
 #include "tc_dorder.h"
 
 unsigned int tc_host_fail_allocs;
+__thread struct tc_host_sort tc_host_sort;
 void (*tc_host_race_hook)(void);
 
 /* Now and then, a lookup lets the writers run between two buckets. */
@@ -106,12 +107,22 @@ static void test_slots(void)
 	tc_slot_update(&sl, 9, 0, 0xff);
 	CHECK(tc_slot_flags(&sl, 8) == 0 && tc_slot_flags(&sl, 10) == 0 &&
 	      tc_slot_flags(&sl, 9) == 0xff, "neighbour flags");
-	CHECK(tc_slot_retire(&sl, 9), "retire of a queued slot");
-	CHECK(tc_slot_flags(&sl, 9) == BIT(TC_SF_QUEUED), "retire keeps QUEUED");
-	tc_slot_clear(&sl, 9, TC_SF_QUEUED);
+	CHECK(tc_slot_retire(&sl, 9), "retire of a queued slot in writeback");
+	CHECK(tc_slot_flags(&sl, 9) == (BIT(TC_SF_QUEUED) | BIT(TC_SF_WB)),
+	      "retire keeps QUEUED and WB");
+	/* of the owners left, the last to let go frees the slot */
+	CHECK(!tc_slot_let_go(&sl, 9, BIT(TC_SF_WB)), "WB is not the last");
+	CHECK(tc_slot_let_go(&sl, 9, BIT(TC_SF_QUEUED)) &&
+	      tc_slot_flags(&sl, 9) == 0, "QUEUED is the last");
+	CHECK(!tc_slot_let_go(&sl, 9, BIT(TC_SF_QUEUED)),
+	      "nothing to let go of frees nothing");
 	tc_slot_set(&sl, 9, TC_SF_DIRTY);
+	tc_slot_set(&sl, 9, TC_SF_VALID);
 	CHECK(!tc_slot_retire(&sl, 9) && tc_slot_flags(&sl, 9) == 0,
 	      "retire of an unqueued slot");
+	tc_slot_update(&sl, 9, 0, BIT(TC_SF_VALID) | BIT(TC_SF_WB));
+	CHECK(tc_slot_retire(&sl, 9) && tc_slot_let_go(&sl, 9, BIT(TC_SF_WB)),
+	      "retire of a slot in writeback: freed when WB lets go");
 	CHECK(tc_slot_test_and_set(&sl, 3, TC_SF_WB) == false &&
 	      tc_slot_test_and_set(&sl, 3, TC_SF_WB) == true &&
 	      tc_slot_test_and_clear(&sl, 3, TC_SF_WB) == true &&
@@ -592,42 +603,85 @@ static void dm_retire(struct dmodel *dm, u32 s)
 		dm->free_slots[dm->nfree++] = s;
 }
 
-static void dm_merge(struct dmodel *dm, bool nomem)
+/* Slots retired and clean in @a or in @b (a merge of them releases them). */
+static u32 dm_expect_released(struct dmodel *dm, u8 a, u8 b)
 {
-	u8 src = dm->pend ? W_PENDING : W_TAIL;
-	u32 s, expect_released = 0, before = dm->released;
-	int r;
+	u32 s, n = 0;
 
 	for (s = 0; s < dm->n; s++)
-		if ((dm->where[s] == W_SORTED || dm->where[s] == src) &&
-		    !dm->dirty[s])
-			expect_released += dm->retired[s];
-	tc_host_fail_allocs = nomem;
-	r = tc_dorder_merge(&dm->d, GFP_KERNEL);
-	if (nomem && r == -ENOMEM) {
-		if (!dm->pend) {
-			for (s = 0; s < dm->n; s++)
-				if (dm->where[s] == W_TAIL)
-					dm->where[s] = W_PENDING;
-			dm->pend = dm->tail;
-			dm->tail = 0;
-		}
-		CHECK(dm->released == before, "a failed merge released");
-		return;
-	}
-	tc_host_fail_allocs = 0;
-	CHECK(!r, "merge: %d", r);
+		if ((dm->where[s] == a || dm->where[s] == b) && !dm->dirty[s])
+			n += dm->retired[s];
+	return n;
+}
+
+/* One merge stage that succeeded, from @src (the tail or the pending). */
+static void dm_stage_done(struct dmodel *dm, u8 src)
+{
+	u32 s;
+
 	for (s = 0; s < dm->n; s++) {
 		if (dm->where[s] != W_SORTED && dm->where[s] != src)
 			continue;
 		dm->where[s] = dm->dirty[s] ? W_SORTED : W_NONE;
 	}
-	CHECK(dm->released - before == expect_released,
-	      "merge released %u slots, expected %u",
-	      dm->released - before, expect_released);
 	if (src == W_TAIL)
 		dm->tail = 0;
 	dm->pend = 0;
+}
+
+/* A failed stage took the tail over as the pending part. */
+static void dm_take_tail(struct dmodel *dm)
+{
+	u32 s;
+
+	for (s = 0; s < dm->n; s++)
+		if (dm->where[s] == W_TAIL)
+			dm->where[s] = W_PENDING;
+	dm->pend = dm->tail;
+	dm->tail = 0;
+}
+
+/*
+ * A merge: the pending part (if a failed merge left one) and then the
+ * tail, or the tail alone.  An allocation failure stops it at the stage
+ * that failed: the model tells which by the tail the order still has.
+ */
+static void dm_merge(struct dmodel *dm, bool nomem)
+{
+	bool two = dm->pend;
+	u32 s, before = dm->released, expect, expect_tail;
+	int r;
+
+	/* before the merge: its releases clear the model's retired marks */
+	expect = dm_expect_released(dm, W_SORTED, two ? W_PENDING : W_TAIL);
+	expect_tail = dm_expect_released(dm, W_TAIL, W_TAIL);
+	tc_host_fail_allocs = nomem;
+	r = tc_dorder_merge(&dm->d, GFP_KERNEL);
+	tc_host_fail_allocs = 0;
+	if (r) {
+		CHECK(nomem && r == -ENOMEM, "merge: %d", r);
+		if (two && !dm->d.nr_tail && dm->tail) {
+			/* the pending part went in, then the tail failed */
+			dm_stage_done(dm, W_PENDING);
+			dm_take_tail(dm);
+		} else {
+			expect = 0;
+			if (!two)
+				dm_take_tail(dm);
+		}
+	} else {
+		dm_stage_done(dm, two ? W_PENDING : W_TAIL);
+		if (two) {
+			expect += expect_tail;
+			dm_stage_done(dm, W_TAIL);
+		}
+	}
+	CHECK(dm->released - before == expect,
+	      "merge released %u slots, expected %u",
+	      dm->released - before, expect);
+	CHECK(dm->d.nr_pending == dm->pend && dm->d.nr_tail == dm->tail,
+	      "merge left %u pending, %u in the tail; the model %u, %u",
+	      dm->d.nr_pending, dm->d.nr_tail, dm->pend, dm->tail);
 	/* the merge may release slots: the model checks them in dm_release */
 	for (s = 0; s < dm->n; s++)
 		CHECK(!!(tc_slot_flags(&dm->sl, s) & BIT(TC_SF_QUEUED)) ==
@@ -915,6 +969,54 @@ static void mt_run(u32 nslots, u32 nkeys, u32 every, double seconds)
 	tc_slots_destroy(&mt.sl);
 }
 
+static void dt_release(void *ctx, u32 s);
+
+/*
+ * Loading: slots marked dirty in slot order (as the metadata is read), one
+ * sort at the end; the walk then finds them in block order, and a merge
+ * after it keeps them.
+ */
+static void test_dorder_load(void)
+{
+	const u32 n = 50000;
+	struct tc_slots sl;
+	struct tc_dorder d;
+	u64 b, from = 0, prev = 0;
+	u32 s, loaded = 0, found = 0;
+
+	CHECK(!tc_slots_create(&sl, n), "slots");
+	CHECK(!tc_dorder_create(&d, &sl, dt_release, NULL), "dorder");
+	for (s = 0; s < n; s++) {
+		/* distinct blocks, in no order: the slot in the low bits */
+		tc_slot_set_block(&sl, s, ((u64)rnd_below(1U << 19) << 20) | s);
+		tc_slot_set(&sl, s, TC_SF_VALID);
+		if (rnd_below(3)) {
+			CHECK(!tc_dorder_load(&d, s), "load of slot %u", s);
+			loaded++;
+		}
+	}
+	tc_dorder_load_end(&d);
+	CHECK(tc_dorder_nr_sorted(&d) == loaded, "sorted %llu of %u",
+	      (unsigned long long)tc_dorder_nr_sorted(&d), loaded);
+	for (;;) {
+		s = tc_dorder_next(&d, from, U64_MAX, &b);
+		if (s == TC_SLOT_NONE)
+			break;
+		CHECK(!found || b >= prev, "walk went back: %llu after %llu",
+		      (unsigned long long)b, (unsigned long long)prev);
+		CHECK(tc_slot_flags(&sl, s) & BIT(TC_SF_QUEUED), "not queued");
+		prev = b;
+		found++;
+		from = b + 1;
+	}
+	CHECK(found == loaded, "walk found %u of %u", found, loaded);
+	CHECK(!tc_dorder_merge(&d, GFP_KERNEL) &&
+	      tc_dorder_nr_sorted(&d) == loaded, "merge after a load");
+	tc_dorder_destroy(&d);
+	tc_slots_destroy(&sl);
+	printf("dirty order load: %u of %u slots sorted once: ok\n", loaded, n);
+}
+
 static void test_map_threads(double seconds)
 {
 	/* a small table where every key collides: shifts all the time */
@@ -1044,6 +1146,7 @@ int main(int argc, char **argv)
 	test_geometry();
 	test_map_model();
 	test_dorder_model();
+	test_dorder_load();
 	test_map_threads(secs);
 	test_dorder_threads(secs / 2);
 	printf("test_index: all passed\n");
