@@ -7,8 +7,8 @@
  * changed.  A commit
  *   1. flushes the cache device, so every data write that completed before
  *      it is durable,
- *   2. copies the changed blocks into a shadow image (the snapshot) and
- *      writes them,
+ *   2. copies the changed blocks, a batch at a time, into a bounce buffer
+ *      and writes them (no copy of the whole entry area: 1 MiB at most),
  *   3. writes the superblock with the new commit sequence, with
  *      REQ_PREFLUSH | REQ_FUA.
  * Entries carry the sequence of the commit that wrote them; a commit that
@@ -21,12 +21,15 @@
  * A slot that may be dirty on disk (disk_dirty) is not reused until a
  * commit has recorded it otherwise: freeing it parks it in pending_free.
  *
- * The snapshot copies one changed block at a time under the lock (bio
+ * The commit copies one changed block at a time under the lock (bio
  * completions change the image, so it is taken with interrupts off, for one
  * 4 KiB copy at most).  The open sequence moves on before the first copy:
- * a change made while the snapshot is taken carries the next sequence, so
- * if its block is copied into this commit, a load after a crash before the
- * next commit ignores it as uncommitted.  Changes of an entry never turn a
+ * a change made while the commit copies (and writes: a batch is written
+ * before the next is copied) carries the next sequence, so if its block is
+ * copied into this commit, a load after a crash before the next commit
+ * ignores it as uncommitted.  What the commit wrote of each entry is kept
+ * as one bit per slot (wrote_clean): the commit, once complete, forgets the
+ * disk dirtiness of the entries it wrote clean.  Changes of an entry never turn a
  * committed dirty entry into one whose loss loses data (see tc_meta_set()).
  *
  * Nothing is written while the device is suspended (the timer is off; a
@@ -39,6 +42,8 @@
 #include "tiercache.h"
 
 #define TC_META_MAX_REPORT	10
+/* the commit's bounce buffer: 1 MiB, one bio's worth (tc_meta_rw()) */
+#define TC_META_BOUNCE_BLOCKS	(BIO_MAX_VECS - 1)
 
 static struct tc_disk_entry *tc_meta_entry(struct tc_disk_entry *base,
 					   u32 slot)
@@ -159,10 +164,10 @@ void tc_meta_kick(struct tc_cache *c)
 
 /* ---- commit ---- */
 
-/* Copy the changed blocks into the shadow; returns their commit sequence. */
+/* Take the changed blocks for a commit; returns its commit sequence. */
 static u64 tc_meta_snapshot(struct tc_meta *m, bool *any)
 {
-	u64 mb, seq;
+	u64 seq;
 
 	spin_lock_irq(&m->lock);
 	*any = m->force_sb || m->any_changed;
@@ -175,16 +180,22 @@ static u64 tc_meta_snapshot(struct tc_meta *m, bool *any)
 		bitmap_zero(m->changed, m->layout.meta_blocks);
 	}
 	spin_unlock_irq(&m->lock);
-	if (!*any)
-		return seq;
-	for_each_set_bit(mb, m->snap, m->layout.meta_blocks) {
-		spin_lock_irq(&m->lock);
-		memcpy(tc_meta_mblock(m->shadow, mb),
-		       tc_meta_mblock(m->image, mb), TC_MBLOCK_BYTES);
-		spin_unlock_irq(&m->lock);
-		cond_resched();
-	}
 	return seq;
+}
+
+/*
+ * Copy metadata block @mb into @dst, noting which of its entries go to
+ * disk clean.  Called with the lock held.
+ */
+static void tc_meta_copy_block(struct tc_meta *m, u64 mb, void *dst)
+{
+	u32 s = mb * TC_ENTRIES_PER_MBLOCK;
+	u32 last = min_t(u64, s + TC_ENTRIES_PER_MBLOCK, m->layout.nr_slots);
+
+	memcpy(dst, tc_meta_mblock(m->image, mb), TC_MBLOCK_BYTES);
+	for (; s < last; s++)
+		__assign_bit(s, m->wrote_clean,
+			     !tc_de_dirty(tc_meta_entry(m->image, s)));
 }
 
 /* A failed commit: its blocks are changed again. */
@@ -249,24 +260,44 @@ static int tc_meta_rw(struct tc_cache *c, void *buf, sector_t sector,
 	return 0;
 }
 
+/*
+ * Copy the run of adjacent snapshot blocks from @mb (at most the bounce
+ * buffer's worth) and write it.  Returns the block after the run, or a
+ * negative error.
+ */
+static s64 tc_meta_write_run(struct tc_cache *c, u64 mb)
+{
+	struct tc_meta *m = &c->meta;
+	u64 end = find_next_zero_bit(m->snap, m->layout.meta_blocks, mb);
+	u64 i;
+	int r;
+
+	end = min(end, mb + m->bounce_blocks);
+	for (i = mb; i < end; i++) {
+		spin_lock_irq(&m->lock);
+		tc_meta_copy_block(m, i, tc_meta_mblock(m->bounce, i - mb));
+		spin_unlock_irq(&m->lock);
+		cond_resched();
+	}
+	r = tc_meta_rw(c, m->bounce,
+		       m->layout.meta_start + mb * TC_MBLOCK_SECTORS,
+		       (end - mb) * TC_MBLOCK_BYTES, REQ_OP_WRITE | REQ_SYNC);
+	return r ? r : end;
+}
+
 /* Write the snapshot's blocks, runs of adjacent ones in one bio. */
 static int tc_meta_write_blocks(struct tc_cache *c)
 {
 	struct tc_meta *m = &c->meta;
 	u64 n = m->layout.meta_blocks;
 	u64 mb = find_first_bit(m->snap, n);
-	int r;
+	s64 next;
 
 	while (mb < n) {
-		u64 end = find_next_zero_bit(m->snap, n, mb);
-
-		r = tc_meta_rw(c, tc_meta_mblock(m->shadow, mb),
-			       m->layout.meta_start + mb * TC_MBLOCK_SECTORS,
-			       (end - mb) * TC_MBLOCK_BYTES,
-			       REQ_OP_WRITE | REQ_SYNC);
-		if (r)
-			return r;
-		mb = find_next_bit(m->snap, n, end);
+		next = tc_meta_write_run(c, mb);
+		if (next < 0)
+			return next;
+		mb = find_next_bit(m->snap, n, next);
 	}
 	return 0;
 }
@@ -301,7 +332,7 @@ static void tc_meta_after_commit(struct tc_cache *c)
 			bool release = false;
 
 			spin_lock_irq(&m->lock);
-			if (!tc_de_dirty(tc_meta_entry(m->shadow, s)) &&
+			if (test_bit(s, m->wrote_clean) &&
 			    !tc_de_dirty(tc_meta_entry(m->image, s)))
 				__clear_bit(s, m->disk_dirty);
 			if (test_bit(s, m->pending_free) &&
@@ -404,16 +435,17 @@ static int tc_meta_alloc(struct tc_meta *m)
 
 	m->image = __vmalloc_array(n, TC_MBLOCK_BYTES,
 				   GFP_KERNEL | __GFP_ZERO | __GFP_NOWARN);
-	m->shadow = __vmalloc_array(n, TC_MBLOCK_BYTES,
-				    GFP_KERNEL | __GFP_ZERO | __GFP_NOWARN);
+	m->bounce_blocks = min_t(u64, n, TC_META_BOUNCE_BLOCKS);
+	m->bounce = vmalloc(m->bounce_blocks * TC_MBLOCK_BYTES);
 	/* per-slot and per-block bitmaps: vmalloc, whatever the size */
 	m->changed = tc_bitmap_alloc(n);
 	m->snap = tc_bitmap_alloc(n);
 	m->disk_dirty = tc_bitmap_alloc(m->layout.nr_slots);
 	m->pending_free = tc_bitmap_alloc(m->layout.nr_slots);
+	m->wrote_clean = tc_bitmap_alloc(m->layout.nr_slots);
 	m->sb = (void *)get_zeroed_page(GFP_KERNEL);
-	if (!m->image || !m->shadow || !m->changed || !m->snap ||
-	    !m->disk_dirty || !m->pending_free || !m->sb)
+	if (!m->image || !m->bounce || !m->changed || !m->snap ||
+	    !m->disk_dirty || !m->pending_free || !m->wrote_clean || !m->sb)
 		return -ENOMEM;
 	return 0;
 }
@@ -423,7 +455,8 @@ void tc_meta_free(struct tc_cache *c)
 	struct tc_meta *m = &c->meta;
 
 	vfree(m->image);
-	vfree(m->shadow);
+	vfree(m->bounce);
+	kvfree(m->wrote_clean);
 	kvfree(m->changed);
 	kvfree(m->snap);
 	kvfree(m->disk_dirty);

@@ -172,7 +172,9 @@ struct tc_flush {
 struct tc_meta {
 	struct tc_layout layout;
 	struct tc_disk_entry *image;	/* the entry area as it should be */
-	struct tc_disk_entry *shadow;	/* what the running commit writes */
+	void *bounce;			/* the running commit's copies */
+	u64 bounce_blocks;		/* metadata blocks it holds */
+	unsigned long *wrote_clean;	/* slots the commit wrote clean */
 	unsigned long *changed;		/* metadata blocks changed */
 	unsigned long *snap;		/* blocks of the running commit */
 	unsigned long *disk_dirty;	/* slots maybe dirty on disk */
