@@ -91,6 +91,17 @@ void tc_index_exit(struct tc_cache *c)
 	tc_slots_destroy(&ix->sl);
 }
 
+/* Kernel memory the index of @nr slots takes when empty, in bytes. */
+size_t tc_index_bytes(u32 nr)
+{
+	struct tc_hmap_geometry g;
+
+	tc_hmap_geometry(nr, &g);
+	return tc_slots_bytes(nr) + g.bytes +
+	       BITS_TO_LONGS(nr) * sizeof(long) +
+	       (size_t)tc_dorder_tail_cap(nr) * (2 * sizeof(u32) + sizeof(u64));
+}
+
 /* ---- lookups and state ---- */
 
 /*

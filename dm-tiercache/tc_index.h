@@ -41,6 +41,7 @@ struct tc_index {
 
 int tc_index_init(struct tc_cache *c);
 void tc_index_exit(struct tc_cache *c);
+size_t tc_index_bytes(u32 nr);
 
 /* lookups and state: TC_SLOT_NONE when the block is not cached */
 u32 tc_lookup(struct tc_cache *c, u64 block);

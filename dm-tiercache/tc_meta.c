@@ -2,13 +2,16 @@
 /*
  * dm-tiercache: persistent metadata (format in tc_disk.h).
  *
- * The module keeps an image of the whole entry area in memory.  A change of
- * a slot's entry updates the image and marks its 4 KiB metadata block
- * changed.  A commit
+ * No copy of the entry area is kept in memory.  What each slot's entry
+ * should say is two bits per slot (want_valid, want_dirty; the block is the
+ * slot's, tc_index.c); a change of them marks the slot's 4 KiB metadata
+ * block changed.  A commit
  *   1. flushes the cache device, so every data write that completed before
  *      it is durable,
- *   2. copies the changed blocks, a batch at a time, into a bounce buffer
- *      and writes them (no copy of the whole entry area: 1 MiB at most),
+ *   2. reads the changed blocks, a run of at most 1 MiB at a time, into a
+ *      bounce buffer, rewrites the entries that differ from what they
+ *      should say, and writes the run back (an entry that is right keeps
+ *      the sequence of the commit that wrote it),
  *   3. writes the superblock with the new commit sequence, with
  *      REQ_PREFLUSH | REQ_FUA.
  * Entries carry the sequence of the commit that wrote them; a commit that
@@ -21,16 +24,22 @@
  * A slot that may be dirty on disk (disk_dirty) is not reused until a
  * commit has recorded it otherwise: freeing it parks it in pending_free.
  *
- * The commit copies one changed block at a time under the lock (bio
- * completions change the image, so it is taken with interrupts off, for one
- * 4 KiB copy at most).  The open sequence moves on before the first copy:
- * a change made while the commit copies (and writes: a batch is written
- * before the next is copied) carries the next sequence, so if its block is
- * copied into this commit, a load after a crash before the next commit
- * ignores it as uncommitted.  What the commit wrote of each entry is kept
- * as one bit per slot (wrote_clean): the commit, once complete, forgets the
- * disk dirtiness of the entries it wrote clean.  Changes of an entry never turn a
- * committed dirty entry into one whose loss loses data (see tc_meta_set()).
+ * The commit takes the wanted state of one block at a time under the lock
+ * (bio completions change it, so it is taken with interrupts off, for 128
+ * slots' bits at most; entries are compared and encoded outside it).  The
+ * open sequence moves on when the
+ * commit starts: an entry whose state changed after that (a *late* change,
+ * one bit per slot) is written with the next sequence, so if its block is
+ * written by this commit, a load after a crash before the next commit
+ * ignores it as uncommitted.  (An entry that a late change brings back to
+ * what the disk says already is kept as it is: the same as a rewrite of a
+ * dirty block in flight at a crash.)  A block that cannot be read fails
+ * the commit: its entries' sequences cannot be rebuilt (a cache device
+ * that cannot read its metadata is failing).  What the commit wrote of
+ * each entry is kept as one bit per slot (wrote_clean): the commit, once
+ * complete, forgets the disk dirtiness of the entries it wrote clean.
+ * Changes of an entry never turn a committed dirty entry into one whose
+ * loss loses data (see tc_meta_set()).
  *
  * Nothing is written while the device is suspended (the timer is off; a
  * commit with nothing to do does not even flush the cache device) or while
@@ -45,29 +54,32 @@
 /* the commit's bounce buffer: 1 MiB, one bio's worth (tc_meta_rw()) */
 #define TC_META_BOUNCE_BLOCKS	(BIO_MAX_VECS - 1)
 
-static struct tc_disk_entry *tc_meta_entry(struct tc_disk_entry *base,
-					   u32 slot)
-{
-	return base + slot;
-}
-
-static void *tc_meta_mblock(struct tc_disk_entry *base, u64 mb)
+static void *tc_meta_mblock(void *base, u64 mb)
 {
 	return (u8 *)base + mb * TC_MBLOCK_BYTES;
 }
 
-static bool tc_de_dirty(const struct tc_disk_entry *d)
-{
-	return le32_to_cpu(d->flags) & TC_DE_DIRTY;
-}
-
 /* ---- in-memory changes ---- */
 
+/* The wanted state of @slot changed (called with the lock held). */
 static void tc_meta_changed(struct tc_cache *c, u32 slot)
 {
 	struct tc_meta *m = &c->meta;
+	u64 mb = slot / TC_ENTRIES_PER_MBLOCK;
 
-	__set_bit(slot / TC_ENTRIES_PER_MBLOCK, m->changed);
+	/*
+	 * The slot changed in the open sequence: its late bit says so while
+	 * the block's late_seq is that sequence (bits of an older one are
+	 * stale and forgotten here).  A commit writes an entry changed after
+	 * it started with the next sequence (tc_meta_fill_block()).
+	 */
+	if (m->late_seq[mb] != m->open_seq) {
+		bitmap_clear(m->late, mb * TC_ENTRIES_PER_MBLOCK,
+			     TC_ENTRIES_PER_MBLOCK);
+		m->late_seq[mb] = m->open_seq;
+	}
+	__set_bit(slot, m->late);
+	__set_bit(mb, m->changed);
 	m->any_changed = true;
 	if (!m->suspended && !delayed_work_pending(&m->timer_work))
 		queue_delayed_work(c->wq, &m->timer_work,
@@ -83,32 +95,32 @@ static void tc_meta_changed(struct tc_cache *c, u32 slot)
 void tc_meta_set(struct tc_cache *c, u32 slot, u64 block, bool dirty)
 {
 	struct tc_meta *m = &c->meta;
-	struct tc_disk_entry *d = tc_meta_entry(m->image, slot);
-	u32 want = TC_DE_VALID | (dirty ? TC_DE_DIRTY : 0);
 	unsigned long flags;
 
-	if (le64_to_cpu(READ_ONCE(d->block)) == block &&
-	    le32_to_cpu(READ_ONCE(d->flags)) == want)
+	/* the entry names the slot's block: see the header */
+	WARN_ON_ONCE(block != tc_slot_origin(c, slot));
+	if (test_bit(slot, m->want_valid) &&
+	    test_bit(slot, m->want_dirty) == dirty)
 		return;
 	spin_lock_irqsave(&m->lock, flags);
-	tc_de_encode(d, slot, block, dirty, m->open_seq);
+	__set_bit(slot, m->want_valid);
+	__assign_bit(slot, m->want_dirty, dirty);
 	if (dirty)
 		__set_bit(slot, m->disk_dirty);
 	tc_meta_changed(c, slot);
 	spin_unlock_irqrestore(&m->lock, flags);
 }
 
-/* The slot holds nothing. */
+/* The slot holds nothing (before it may take another block). */
 void tc_meta_clear(struct tc_cache *c, u32 slot)
 {
 	struct tc_meta *m = &c->meta;
-	struct tc_disk_entry *d;
 	unsigned long flags;
 
 	spin_lock_irqsave(&m->lock, flags);
-	d = tc_meta_entry(m->image, slot);
-	if (d->flags) {
-		tc_de_encode_empty(d);
+	if (test_bit(slot, m->want_valid)) {
+		__clear_bit(slot, m->want_valid);
+		__clear_bit(slot, m->want_dirty);
 		tc_meta_changed(c, slot);
 	}
 	spin_unlock_irqrestore(&m->lock, flags);
@@ -184,18 +196,73 @@ static u64 tc_meta_snapshot(struct tc_meta *m, bool *any)
 }
 
 /*
- * Copy metadata block @mb into @dst, noting which of its entries go to
- * disk clean.  Called with the lock held.
+ * Note what the entries of metadata block @mb should say, with commit
+ * sequence @seq (the next one for late changes), and which of them go to
+ * disk clean.  Called with the lock held: bits and blocks only, no
+ * checksums.
  */
-static void tc_meta_copy_block(struct tc_meta *m, u64 mb, void *dst)
+static void tc_meta_want_block(struct tc_cache *c, u64 mb, u64 seq)
 {
+	struct tc_meta *m = &c->meta;
+	struct tc_meta_want *w = m->want_buf;
+	u32 s = mb * TC_ENTRIES_PER_MBLOCK;
+	u32 last = min_t(u64, s + TC_ENTRIES_PER_MBLOCK, m->layout.nr_slots);
+	/* late bits count only if set while this commit runs */
+	bool late = m->late_seq[mb] == m->open_seq;
+
+	for (; s < last; s++, w++) {
+		w->valid = test_bit(s, m->want_valid);
+		w->dirty = test_bit(s, m->want_dirty);
+		w->block = w->valid ? tc_slot_origin(c, s) : 0;
+		w->seq = late && test_bit(s, m->late) ? seq + 1 : seq;
+		__assign_bit(s, m->wrote_clean, !w->dirty);
+	}
+}
+
+/*
+ * Is entry @d of @slot already what @w says?  An entry written by a
+ * commit newer than @seq (the one being made) is not: it was left by a
+ * commit that did not finish before a load, and would look uncommitted.
+ */
+static bool tc_meta_entry_right(u32 slot, const struct tc_disk_entry *d,
+				const struct tc_meta_want *w, u64 seq)
+{
+	struct tc_de_info info;
+	enum tc_de_result r = tc_de_decode(d, slot, U64_MAX, seq, &info);
+
+	if (!w->valid)
+		return r == TC_DE_EMPTY;
+	return (r == TC_DE_CLEAN || r == TC_DE_DIRTY_OK) &&
+	       info.dirty == w->dirty && info.block == w->block;
+}
+
+/*
+ * Bring metadata block @mb, read into @blk, to what its entries should say
+ * (commit sequence @seq): the wanted state is taken under the lock, the
+ * entries are compared and encoded outside it.  An entry that is right
+ * keeps the sequence that wrote it.
+ */
+static void tc_meta_fill_block(struct tc_cache *c, u64 mb, void *blk,
+			       u64 seq)
+{
+	struct tc_meta *m = &c->meta;
+	struct tc_disk_entry *d = blk;
+	struct tc_meta_want *w = m->want_buf;
 	u32 s = mb * TC_ENTRIES_PER_MBLOCK;
 	u32 last = min_t(u64, s + TC_ENTRIES_PER_MBLOCK, m->layout.nr_slots);
 
-	memcpy(dst, tc_meta_mblock(m->image, mb), TC_MBLOCK_BYTES);
-	for (; s < last; s++)
-		__assign_bit(s, m->wrote_clean,
-			     !tc_de_dirty(tc_meta_entry(m->image, s)));
+	spin_lock_irq(&m->lock);
+	tc_meta_want_block(c, mb, seq);
+	spin_unlock_irq(&m->lock);
+	for (; s < last; s++, d++, w++) {
+		if (tc_meta_entry_right(s, d, w, seq))
+			continue;
+		if (!w->valid)
+			tc_de_encode_empty(d);
+		else
+			tc_de_encode(d, s, w->block, w->dirty, w->seq);
+	}
+	/* past the last slot: the rest of the last block stays as it is */
 }
 
 /* A failed commit: its blocks are changed again. */
@@ -265,28 +332,30 @@ static int tc_meta_rw(struct tc_cache *c, void *buf, sector_t sector,
  * buffer's worth) and write it.  Returns the block after the run, or a
  * negative error.
  */
-static s64 tc_meta_write_run(struct tc_cache *c, u64 mb)
+static s64 tc_meta_write_run(struct tc_cache *c, u64 mb, u64 seq)
 {
 	struct tc_meta *m = &c->meta;
 	u64 end = find_next_zero_bit(m->snap, m->layout.meta_blocks, mb);
+	sector_t sector = m->layout.meta_start + mb * TC_MBLOCK_SECTORS;
 	u64 i;
 	int r;
 
 	end = min(end, mb + m->bounce_blocks);
+	r = tc_meta_rw(c, m->bounce, sector, (end - mb) * TC_MBLOCK_BYTES,
+		       REQ_OP_READ);
+	if (r)
+		return r;
 	for (i = mb; i < end; i++) {
-		spin_lock_irq(&m->lock);
-		tc_meta_copy_block(m, i, tc_meta_mblock(m->bounce, i - mb));
-		spin_unlock_irq(&m->lock);
+		tc_meta_fill_block(c, i, tc_meta_mblock(m->bounce, i - mb), seq);
 		cond_resched();
 	}
-	r = tc_meta_rw(c, m->bounce,
-		       m->layout.meta_start + mb * TC_MBLOCK_SECTORS,
-		       (end - mb) * TC_MBLOCK_BYTES, REQ_OP_WRITE | REQ_SYNC);
+	r = tc_meta_rw(c, m->bounce, sector, (end - mb) * TC_MBLOCK_BYTES,
+		       REQ_OP_WRITE | REQ_SYNC);
 	return r ? r : end;
 }
 
 /* Write the snapshot's blocks, runs of adjacent ones in one bio. */
-static int tc_meta_write_blocks(struct tc_cache *c)
+static int tc_meta_write_blocks(struct tc_cache *c, u64 seq)
 {
 	struct tc_meta *m = &c->meta;
 	u64 n = m->layout.meta_blocks;
@@ -294,7 +363,7 @@ static int tc_meta_write_blocks(struct tc_cache *c)
 	s64 next;
 
 	while (mb < n) {
-		next = tc_meta_write_run(c, mb);
+		next = tc_meta_write_run(c, mb, seq);
 		if (next < 0)
 			return next;
 		mb = find_next_bit(m->snap, n, next);
@@ -333,7 +402,7 @@ static void tc_meta_after_commit(struct tc_cache *c)
 
 			spin_lock_irq(&m->lock);
 			if (test_bit(s, m->wrote_clean) &&
-			    !tc_de_dirty(tc_meta_entry(m->image, s)))
+			    !test_bit(s, m->want_dirty))
 				__clear_bit(s, m->disk_dirty);
 			if (test_bit(s, m->pending_free) &&
 			    !test_bit(s, m->disk_dirty)) {
@@ -385,7 +454,7 @@ int tc_meta_commit(struct tc_cache *c)
 	if (!r) {
 		seq = tc_meta_snapshot(m, &any);
 		if (any) {
-			r = tc_meta_write_blocks(c);
+			r = tc_meta_write_blocks(c, seq);
 			if (!r)
 				r = tc_meta_write_sb(c, seq);
 			if (r) {
@@ -426,15 +495,13 @@ static void tc_meta_timer_work(struct work_struct *w)
 static unsigned long *tc_bitmap_alloc(u64 bits)
 {
 	return kvcalloc(BITS_TO_LONGS(bits), sizeof(unsigned long),
-			GFP_KERNEL | __GFP_NOWARN);
+			GFP_KERNEL | __GFP_NOWARN | __GFP_RETRY_MAYFAIL);
 }
 
 static int tc_meta_alloc(struct tc_meta *m)
 {
 	u64 n = m->layout.meta_blocks;
 
-	m->image = __vmalloc_array(n, TC_MBLOCK_BYTES,
-				   GFP_KERNEL | __GFP_ZERO | __GFP_NOWARN);
 	m->bounce_blocks = min_t(u64, n, TC_META_BOUNCE_BLOCKS);
 	m->bounce = vmalloc(m->bounce_blocks * TC_MBLOCK_BYTES);
 	/* per-slot and per-block bitmaps: vmalloc, whatever the size */
@@ -443,9 +510,18 @@ static int tc_meta_alloc(struct tc_meta *m)
 	m->disk_dirty = tc_bitmap_alloc(m->layout.nr_slots);
 	m->pending_free = tc_bitmap_alloc(m->layout.nr_slots);
 	m->wrote_clean = tc_bitmap_alloc(m->layout.nr_slots);
+	m->want_valid = tc_bitmap_alloc(m->layout.nr_slots);
+	m->want_dirty = tc_bitmap_alloc(m->layout.nr_slots);
+	/* slots rounded up to whole blocks: late bits are cleared by block */
+	m->late = tc_bitmap_alloc(n * TC_ENTRIES_PER_MBLOCK);
+	m->late_seq = kvcalloc(n, sizeof(u64), GFP_KERNEL | __GFP_NOWARN);
+	m->want_buf = kmalloc_array(TC_ENTRIES_PER_MBLOCK,
+				    sizeof(*m->want_buf), GFP_KERNEL);
 	m->sb = (void *)get_zeroed_page(GFP_KERNEL);
-	if (!m->image || !m->bounce || !m->changed || !m->snap ||
-	    !m->disk_dirty || !m->pending_free || !m->wrote_clean || !m->sb)
+	if (!m->bounce || !m->changed || !m->snap || !m->disk_dirty ||
+	    !m->pending_free || !m->wrote_clean || !m->want_valid ||
+	    !m->want_dirty || !m->late || !m->late_seq || !m->want_buf ||
+	    !m->sb)
 		return -ENOMEM;
 	return 0;
 }
@@ -454,15 +530,19 @@ void tc_meta_free(struct tc_cache *c)
 {
 	struct tc_meta *m = &c->meta;
 
-	vfree(m->image);
 	vfree(m->bounce);
 	kvfree(m->wrote_clean);
+	kvfree(m->want_valid);
+	kvfree(m->want_dirty);
+	kvfree(m->late);
+	kvfree(m->late_seq);
+	kfree(m->want_buf);
 	kvfree(m->changed);
 	kvfree(m->snap);
 	kvfree(m->disk_dirty);
 	kvfree(m->pending_free);
 	free_page((unsigned long)m->sb);
-	m->image = NULL;
+	m->bounce = NULL;
 	m->sb = NULL;
 }
 
@@ -512,7 +592,7 @@ int tc_meta_close(struct tc_cache *c)
 {
 	struct tc_meta *m = &c->meta;
 
-	if (!m->image)
+	if (!m->bounce)
 		return 0;
 	cancel_delayed_work_sync(&m->timer_work);
 	flush_work(&m->commit_work);
@@ -541,6 +621,13 @@ static int tc_meta_format(struct tc_cache *c, char **error)
 	return 0;
 }
 
+/* What a load found. */
+struct tc_meta_load {
+	unsigned int nr_bad;
+	unsigned int nr_dirty;
+	unsigned int nr_stale;
+};
+
 static void tc_meta_report(struct tc_cache *c, u32 slot, enum tc_de_result r,
 			   unsigned int *nr_bad)
 {
@@ -564,67 +651,89 @@ static int tc_meta_load_dirty(struct tc_cache *c, u32 slot, u64 block)
 	if (r)
 		return r;
 	__set_bit(slot, c->meta.disk_dirty);
+	__set_bit(slot, c->meta.want_valid);
+	__set_bit(slot, c->meta.want_dirty);
 	return 0;
 }
 
+/* Take in one entry found at load; an error ends the load. */
+static int tc_meta_load_entry(struct tc_cache *c, u32 s,
+			      const struct tc_disk_entry *d,
+			      struct tc_meta_load *ld)
+{
+	struct tc_meta *m = &c->meta;
+	struct tc_de_info info;
+	enum tc_de_result res;
+	int r;
+
+	res = tc_de_decode(d, s, c->nr_blocks, m->committed_seq, &info);
+	switch (res) {
+	case TC_DE_EMPTY:
+	case TC_DE_CLEAN:
+		return 0;
+	case TC_DE_UNCOMMITTED:
+		/* rewritten empty by the first commit (nothing is wanted) */
+		__set_bit(s / TC_ENTRIES_PER_MBLOCK, m->changed);
+		ld->nr_stale++;
+		return 0;
+	case TC_DE_DIRTY_OK:
+		r = tc_meta_load_dirty(c, s, info.block);
+		if (r == -EUCLEAN)
+			ld->nr_bad++;
+		else if (r)
+			return r;
+		ld->nr_dirty++;
+		return 0;
+	default:
+		tc_meta_report(c, s, res, &ld->nr_bad);
+		return 0;
+	}
+}
+
 /*
- * Read the entries and index the committed dirty blocks.  Entries of a
- * commit that did not finish are reset in the image, so the first commit
- * rewrites them before its sequence could make them look committed.
+ * Read the entries, a bounce buffer at a time, and index the committed
+ * dirty blocks.  Entries of a commit that did not finish are rewritten
+ * empty by the first commit, before its sequence could make them look
+ * committed.
  */
 static int tc_meta_load_entries(struct tc_cache *c, char **error)
 {
 	struct tc_meta *m = &c->meta;
-	unsigned int nr_bad = 0, nr_dirty = 0, nr_stale = 0;
-	struct tc_de_info info;
-	u32 s;
+	struct tc_meta_load ld = { };
+	u64 mb, n, s, last;
 	int r;
 
-	r = tc_meta_rw(c, m->image, m->layout.meta_start,
-		       m->layout.meta_blocks * TC_MBLOCK_BYTES, REQ_OP_READ);
-	if (r) {
-		*error = "Cannot read the cache metadata";
-		return r;
-	}
-	for (s = 0; s < m->layout.nr_slots; s++) {
-		struct tc_disk_entry *d = tc_meta_entry(m->image, s);
-		enum tc_de_result res = tc_de_decode(d, s, c->nr_blocks,
-						     m->committed_seq, &info);
-
-		if (!((s + 1) % TC_ENTRIES_PER_MBLOCK))
-			cond_resched();
-
-		switch (res) {
-		case TC_DE_EMPTY:
-		case TC_DE_CLEAN:
-			break;
-		case TC_DE_UNCOMMITTED:
-			tc_de_encode_empty(d);
-			__set_bit(s / TC_ENTRIES_PER_MBLOCK, m->changed);
-			nr_stale++;
-			break;
-		case TC_DE_DIRTY_OK:
-			r = tc_meta_load_dirty(c, s, info.block);
-			if (r == -EUCLEAN)
-				nr_bad++;
-			else if (r)
-				return r;
-			nr_dirty++;
-			break;
-		default:
-			tc_meta_report(c, s, res, &nr_bad);
-			break;
+	for (mb = 0; mb < m->layout.meta_blocks; mb += n) {
+		n = min(m->bounce_blocks, m->layout.meta_blocks - mb);
+		r = tc_meta_rw(c, m->bounce,
+			       m->layout.meta_start + mb * TC_MBLOCK_SECTORS,
+			       n * TC_MBLOCK_BYTES, REQ_OP_READ);
+		if (r) {
+			*error = "Cannot read the cache metadata";
+			return r;
 		}
+		s = mb * TC_ENTRIES_PER_MBLOCK;
+		last = min_t(u64, s + n * TC_ENTRIES_PER_MBLOCK,
+			     m->layout.nr_slots);
+		for (; s < last; s++) {
+			r = tc_meta_load_entry(c, s, (struct tc_disk_entry *)
+					       m->bounce + (s - mb *
+					       TC_ENTRIES_PER_MBLOCK), &ld);
+			if (r)
+				return r;
+		}
+		cond_resched();
 	}
 	tc_index_load_end(c);
-	if (nr_bad) {
+	if (ld.nr_bad) {
 		*error = "Cache metadata has corrupt entries (see the kernel log; tiercache check)";
 		DMERR("%s: %u corrupt metadata entries: refusing to load", c->name,
-		      nr_bad);
+		      ld.nr_bad);
 		return -EUCLEAN;
 	}
+	m->any_changed |= ld.nr_stale;
 	DMINFO("%s: loaded %u dirty blocks (commit %llu), ignored %u uncommitted entries",
-	       c->name, nr_dirty, m->committed_seq, nr_stale);
+	       c->name, ld.nr_dirty, m->committed_seq, ld.nr_stale);
 	return 0;
 }
 
@@ -789,7 +898,7 @@ int tc_meta_open(struct tc_cache *c, struct tc_target *t, char **error)
 		m->uuid[0] = 0;
 	r = tc_meta_alloc(m);
 	if (r) {
-		*error = "Cannot allocate the metadata image";
+		*error = "Cannot allocate the metadata state";
 		return r;
 	}
 	r = tc_meta_rw(c, m->sb, 0, TC_MBLOCK_BYTES, REQ_OP_READ);

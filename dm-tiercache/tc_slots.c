@@ -23,8 +23,11 @@ void *tc_bigalloc(size_t n, size_t size, gfp_t gfp)
 
 	if (bytes == SIZE_MAX)
 		return NULL;
-	/* a huge cache that does not fit is refused: no backtrace for it */
-	gfp |= __GFP_NOWARN;
+	/*
+	 * A huge cache that does not fit is refused: no backtrace for it, and
+	 * no OOM killer (the create fails with ENOMEM instead).
+	 */
+	gfp |= __GFP_NOWARN | __GFP_RETRY_MAYFAIL;
 	if (bytes <= INT_MAX)
 		return kvmalloc(bytes, gfp);
 	return __vmalloc(bytes, gfp);

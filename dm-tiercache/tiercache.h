@@ -169,18 +169,30 @@ struct tc_flush {
 
 /* ---- tc_meta.c: persistent metadata ---- */
 
+/* What one entry should say, taken for a commit. */
+struct tc_meta_want {
+	u64 block;
+	u64 seq;
+	bool valid;
+	bool dirty;
+};
+
 struct tc_meta {
 	struct tc_layout layout;
-	struct tc_disk_entry *image;	/* the entry area as it should be */
 	void *bounce;			/* the running commit's copies */
 	u64 bounce_blocks;		/* metadata blocks it holds */
 	unsigned long *wrote_clean;	/* slots the commit wrote clean */
+	unsigned long *want_valid;	/* slots whose entry names a block */
+	unsigned long *want_dirty;	/* ... as dirty */
+	unsigned long *late;		/* changed in the open sequence */
+	u64 *late_seq;			/* per block: the sequence of late */
+	struct tc_meta_want *want_buf;	/* one block's, for the commit */
 	unsigned long *changed;		/* metadata blocks changed */
 	unsigned long *snap;		/* blocks of the running commit */
 	unsigned long *disk_dirty;	/* slots maybe dirty on disk */
 	unsigned long *pending_free;	/* freed slots waiting for a commit */
 	atomic_t nr_pending_free;	/* bits set in pending_free */
-	spinlock_t lock;		/* image, changed, bitmaps, waiting */
+	spinlock_t lock;		/* wanted state, changed, bitmaps, waiting */
 	struct mutex commit_lock;
 	u64 open_seq;			/* the commit new changes go to */
 	u64 committed_seq;
