@@ -1,0 +1,123 @@
+#!/bin/bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# hotpath.sh - foreground 4 KiB IO of cached data: the raw cache device,
+# tiercache and dm-writecache side by side in one boot (a benchmark, not a
+# test).
+#
+#   scripts/hotpath.sh            boots the test VM and runs it there
+#   scripts/hotpath.sh --inside   the benchmark itself (root, inside the VM)
+#
+# The cache is a RAM disk (brd), the origin a null_blk (its speed does not
+# matter: every IO below hits the cache).  For each device and each job
+# (4 KiB random writes, then random reads of the data just written, at
+# iodepth 1 and 8, RUNTIME seconds each, over REGION_MIB) fio prints IOPS,
+# mean, p99 and max completion latency; ROUNDS rounds alternate the
+# devices so drift under emulation hits all of them alike.  The last
+# columns divide by the raw device of the same round.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+RUNTIME=${RUNTIME:-10}
+ROUNDS=${ROUNDS:-2}
+REGION_MIB=${REGION_MIB:-256}
+
+die() { echo "hotpath: $*" >&2; exit 1; }
+
+if [ "${1:-}" != "--inside" ]; then
+	KVER=${KVER:-$(ls /lib/modules | grep -E '^6\.1\.' | sort -V | tail -n 1)}
+	[ -n "$KVER" ] || die "no 6.1 kernel installed (make test installs one)"
+	command -v vng >/dev/null || die "vng missing (make test installs virtme-ng)"
+	make -C "$REPO" KVER="$KVER" >/dev/null
+	out=$(mktemp -d)
+	trap 'rm -rf "$out"' EXIT
+	vng --run "/boot/vmlinuz-$KVER" --disable-kvm --force-9p --memory 2G \
+	    --cpus 2 --rwdir "$out" \
+	    --exec "RUNTIME=$RUNTIME ROUNDS=$ROUNDS REGION_MIB=$REGION_MIB $0 --inside >$out/log 2>&1" \
+	    >/dev/null 2>&1 || true
+	[ -s "$out/log" ] || die "the VM produced no output"
+	grep -v "^Udev is running and DM_DISABLE_UDEV" "$out/log" || true
+	exit 0
+fi
+
+export DM_DISABLE_UDEV=1
+NB=/sys/kernel/config/nullb/hpo
+cleanup() {
+	dmsetup remove hp-tc 2>/dev/null || true
+	dmsetup remove hp-wc 2>/dev/null || true
+	if [ -d "$NB" ]; then
+		echo 0 >"$NB/power" || true
+		rmdir "$NB" || true
+	fi
+	rmmod brd 2>/dev/null || true
+}
+trap cleanup EXIT
+
+CACHE_MIB=$((REGION_MIB * 2 + 64))
+modprobe brd rd_nr=3 rd_size=$((CACHE_MIB * 1024))
+modprobe null_blk nr_devices=0
+modprobe dm-writecache
+modprobe libcrc32c 2>/dev/null || true
+grep -q dm_tiercache /proc/modules ||
+	insmod "${TIERCACHE_KO:-$REPO/dm-tiercache/dm-tiercache.ko}"
+mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config
+mkdir "$NB"
+echo $((REGION_MIB * 4)) >"$NB/size"
+echo 1 >"$NB/memory_backed"
+echo 1 >"$NB/power"
+sleep 0.5
+origin=/dev/hpo
+len=$(blockdev --getsz $origin)
+# no writeback while measuring: the cache holds everything written
+dmsetup create hp-tc --table \
+	"0 $len tiercache $origin /dev/ram1 8 5 format high_watermark 100 low_watermark 0"
+dmsetup create hp-wc --table \
+	"0 $len writecache s $origin /dev/ram2 4096 4 high_watermark 100 low_watermark 99"
+dmsetup mknodes
+
+# job DEV RW DEPTH: "iops mean_us p99_us max_us"
+job() {
+	fio --name=hp --filename="$1" --bs=4k --direct=1 --ioengine=libaio \
+	    --iodepth="$3" --rw="$2" --size=${REGION_MIB}M --time_based \
+	    --runtime="$RUNTIME" --randseed=5 --output-format=json |
+	python3 -c '
+import json, sys
+j = json.load(sys.stdin)["jobs"][0]
+d = j["write"] if j["write"]["io_bytes"] else j["read"]
+c = d["clat_ns"]
+p99 = c.get("percentile", {}).get("99.000000", 0)
+print("%.0f %.1f %.1f %.1f" % (d["iops"], c["mean"] / 1e3, p99 / 1e3, c["max"] / 1e3))'
+}
+
+# every device gets its region written once: reads then hit cached data
+for dev in /dev/ram0 /dev/mapper/hp-tc /dev/mapper/hp-wc; do
+	fio --name=warm --filename=$dev --bs=1M --direct=1 --rw=write \
+	    --size=${REGION_MIB}M --output=/dev/null
+done
+
+# a write that found the dirty order's tail full went around the cache
+echo "tiercache after warming: $(dmsetup status hp-tc | awk '{ print "used/slots " $6 ", dirty " $7 ", write bypass " $12 }')"
+printf '%-5s %-10s %5s %-10s %9s %9s %9s %10s %7s %7s\n' round job depth device \
+	iops "mean us" "p99 us" "max us" "x iops" "x p99"
+for round in $(seq 1 "$ROUNDS"); do
+	for rw in randwrite randread; do
+		for depth in 1 8; do
+			raw=$(job /dev/ram0 $rw $depth)
+			for dev in ram0 tiercache writecache; do
+				case $dev in
+				ram0) r=$raw ;;
+				tiercache) r=$(job /dev/mapper/hp-tc $rw $depth) ;;
+				writecache) r=$(job /dev/mapper/hp-wc $rw $depth) ;;
+				esac
+				read -r iops mean p99 max <<<"$r"
+				read -r riops _ rp99 _ <<<"$raw"
+				printf '%-5s %-10s %5s %-10s %9s %9s %9s %10s %7s %7s\n' \
+					"$round" $rw $depth $dev "$iops" "$mean" "$p99" "$max" \
+					"$(awk -v a="$iops" -v b="$riops" 'BEGIN { printf "%.2f", b ? a / b : 0 }')" \
+					"$(awk -v a="$p99" -v b="$rp99" 'BEGIN { printf "%.2f", b ? a / b : 0 }')"
+			done
+		done
+	done
+done
+echo "cache: brd RAM disk; fio 4 KiB, libaio, O_DIRECT, ${RUNTIME} s per job over ${REGION_MIB} MiB; kernel $(uname -r)"
