@@ -666,7 +666,7 @@ static void tc_wb_finish_blk(struct tc_cache *c, struct tc_wb_req *req, u32 i,
 			     bool written)
 {
 	struct tc_wb_blk *blk = &req->blks[i];
-	bool paid;
+	bool paid, locked;
 
 	if (!written) {
 		tc_wb_untake(c, blk->slot, blk->owed);
@@ -679,18 +679,17 @@ static void tc_wb_finish_blk(struct tc_cache *c, struct tc_wb_req *req, u32 i,
 	 */
 	paid = test_bit(TC_FL_FULL, &c->fl.bits) &&
 	       req->full_gen == READ_ONCE(c->fl.full_gen);
-	if (tc_trylock(&c->locks, &blk->h, req->first + i, TC_LK_WB)) {
+	locked = tc_trylock(&c->locks, &blk->h, req->first + i, TC_LK_WB);
+	if (locked)
 		tc_wb_written(c, blk->slot, paid);
-		if (paid)
-			tc_wb_repay(c, blk->slot, req->full_gen);
-		tc_unlock(&c->locks, &blk->h);
-		return;
-	}
-	tc_wb_let_go(c, blk->slot, paid);
+	else
+		tc_wb_let_go(c, blk->slot, paid);
 	if (paid)
 		tc_wb_repay(c, blk->slot, req->full_gen);
-	/* still dirty: a full flush comes back if it still owes the block */
-	tc_wb_skipped(c, req->first + i);
+	if (locked)
+		tc_unlock(&c->locks, &blk->h);
+	else	/* still dirty: a full flush comes back if it owes the block */
+		tc_wb_skipped(c, req->first + i);
 }
 
 static void tc_wb_release(struct tc_cache *c, struct tc_wb_req *req,
@@ -1047,12 +1046,12 @@ static void tc_flush_work(struct work_struct *w)
 				return;
 			}
 			tc_wb_begin_full(c);
-		} else if (!fl->cursor || tc_index_want_merge(c)) {
-			/* a pass starts, or writers filled the tail */
-			tc_wb_merge(c);
 		}
 		if (!tc_wb_wanted(c))
 			break;
+		/* a pass starts, or writers filled the tail */
+		if (!fl->cursor || tc_index_want_merge(c))
+			tc_wb_merge(c);
 		if (atomic_read(&fl->inflight) >=
 		    READ_ONCE(c->val[TC_KEY_FLUSH_DEPTH]))
 			return;		/* a write completion requeues us */

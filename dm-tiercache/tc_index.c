@@ -354,7 +354,7 @@ int tc_mark_dirty(struct tc_cache *c, u32 slot)
 	/* a request writing the older data must leave it dirty */
 	tc_slot_set(&c->ix.sl, slot, TC_SF_REWRITTEN);
 	/* the slot holds this block already: safe to record before the data */
-	tc_meta_set(c, slot, tc_slot_origin(c, slot), true);
+	tc_meta_set(c, slot, true);
 	return 0;
 }
 
@@ -525,7 +525,6 @@ void tc_wb_written(struct tc_cache *c, u32 slot, bool paid)
 {
 	unsigned int f = tc_slot_flags(&c->ix.sl, slot);
 	unsigned int owed = paid ? BIT(TC_SF_OWED) : 0;
-	u64 block = tc_slot_origin(c, slot);
 
 	if ((f & (BIT(TC_SF_VALID) | BIT(TC_SF_DIRTY) | BIT(TC_SF_REWRITTEN))) !=
 	    (BIT(TC_SF_VALID) | BIT(TC_SF_DIRTY))) {
@@ -537,7 +536,7 @@ void tc_wb_written(struct tc_cache *c, u32 slot, bool paid)
 	atomic_dec(&c->ix.nr_dirty);
 	/* after DIRTY went: see tc_index_merge() */
 	WRITE_ONCE(c->ix.cleaned, true);
-	tc_meta_set(c, slot, block, false);
+	tc_meta_set(c, slot, false);
 }
 
 /*

@@ -323,7 +323,7 @@ static void tc_record_new(struct tc_bio *pb)
 	if (!pb->meta_new)
 		return;
 	pb->meta_new = false;
-	tc_meta_set(pb->c, pb->slot, pb->block, true);
+	tc_meta_set(pb->c, pb->slot, true);
 }
 
 /*
@@ -571,7 +571,7 @@ static void tc_promote_done(struct tc_cache *c, struct bio *bio,
 	    tc_insert(c, pb->slot, block, false))
 		tc_free_slot(c, pb->slot);
 	else
-		tc_meta_set(c, pb->slot, block, false);
+		tc_meta_set(c, pb->slot, false);
 	bio->bi_status = pb->status;
 	bio_endio(bio);
 }

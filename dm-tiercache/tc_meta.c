@@ -87,18 +87,17 @@ static void tc_meta_changed(struct tc_cache *c, u32 slot)
 }
 
 /*
- * The slot now holds (a version of) @block; @dirty: newer than the origin.
- * Callers hold the block's lock, and only holders change a slot's entry:
- * an entry that already says so (a rewrite of a dirty block) is left
- * without taking the metadata lock.
+ * The slot holds (a version of) its block (the one in its slot word, which
+ * the entry names); @dirty: newer than the origin.  Callers hold the
+ * block's lock, and only holders change a slot's entry: an entry that
+ * already says so (a rewrite of a dirty block) is left without taking the
+ * metadata lock.
  */
-void tc_meta_set(struct tc_cache *c, u32 slot, u64 block, bool dirty)
+void tc_meta_set(struct tc_cache *c, u32 slot, bool dirty)
 {
 	struct tc_meta *m = &c->meta;
 	unsigned long flags;
 
-	/* the entry names the slot's block: see the header */
-	WARN_ON_ONCE(block != tc_slot_origin(c, slot));
 	if (test_bit(slot, m->want_valid) &&
 	    test_bit(slot, m->want_dirty) == dirty)
 		return;

@@ -350,7 +350,7 @@ void tc_meta_init(struct tc_cache *c);
 int tc_meta_open(struct tc_cache *c, struct tc_target *t, char **error);
 int tc_meta_close(struct tc_cache *c);
 void tc_meta_free(struct tc_cache *c);
-void tc_meta_set(struct tc_cache *c, u32 slot, u64 block, bool dirty);
+void tc_meta_set(struct tc_cache *c, u32 slot, bool dirty);
 void tc_meta_clear(struct tc_cache *c, u32 slot);
 bool tc_meta_disk_dirty(struct tc_cache *c, u32 slot);
 bool tc_meta_defer_free(struct tc_cache *c, u32 slot);
