@@ -24,20 +24,11 @@ SLOW_MIB=${SLOW_MIB:-128}
 CACHE_MIB=${CACHE_MIB:-256}
 REGION_MIB=${REGION_MIB:-64}
 
-die() { echo "fgbench: $*" >&2; exit 1; }
+# shellcheck source=lib.sh
+. "$REPO/scripts/lib.sh"
 
 if [ "${1:-}" != "--inside" ]; then
-	KVER=${KVER:-$(ls /lib/modules | grep -E '^6\.1\.' | sort -V | tail -n 1)}
-	[ -n "$KVER" ] || die "no 6.1 kernel installed (make test installs one)"
-	command -v vng >/dev/null || die "vng missing (make test installs virtme-ng)"
-	make -C "$REPO" KVER="$KVER" >/dev/null
-	out=$(mktemp -d)
-	trap 'rm -rf "$out"' EXIT
-	vng --run "/boot/vmlinuz-$KVER" --disable-kvm --force-9p --memory 2G \
-	    --rwdir "$out" \
-	    --exec "DELAYMS=$DELAYMS RUNTIME=$RUNTIME $0 --inside >$out/log 2>&1" \
-	    >/dev/null 2>&1 || true
-	cat "$out/log" 2>/dev/null || die "the VM produced no output"
+	tc_bench_vm 2G "DELAYMS=$DELAYMS RUNTIME=$RUNTIME" "$0"
 	exit 0
 fi
 

@@ -23,21 +23,11 @@ RUNTIME=${RUNTIME:-10}
 ROUNDS=${ROUNDS:-2}
 REGION_MIB=${REGION_MIB:-256}
 
-die() { echo "hotpath: $*" >&2; exit 1; }
+# shellcheck source=lib.sh
+. "$REPO/scripts/lib.sh"
 
 if [ "${1:-}" != "--inside" ]; then
-	KVER=${KVER:-$(ls /lib/modules | grep -E '^6\.1\.' | sort -V | tail -n 1)}
-	[ -n "$KVER" ] || die "no 6.1 kernel installed (make test installs one)"
-	command -v vng >/dev/null || die "vng missing (make test installs virtme-ng)"
-	make -C "$REPO" KVER="$KVER" >/dev/null
-	out=$(mktemp -d)
-	trap 'rm -rf "$out"' EXIT
-	vng --run "/boot/vmlinuz-$KVER" --disable-kvm --force-9p --memory 2G \
-	    --cpus 2 --rwdir "$out" \
-	    --exec "RUNTIME=$RUNTIME ROUNDS=$ROUNDS REGION_MIB=$REGION_MIB $0 --inside >$out/log 2>&1" \
-	    >/dev/null 2>&1 || true
-	[ -s "$out/log" ] || die "the VM produced no output"
-	grep -v "^Udev is running and DM_DISABLE_UDEV" "$out/log" || true
+	tc_bench_vm 2G "RUNTIME=$RUNTIME ROUNDS=$ROUNDS REGION_MIB=$REGION_MIB" "$0"
 	exit 0
 fi
 

@@ -172,3 +172,26 @@ tc_wait_block() {
 tc_zero_head() {
 	dd if=/dev/zero of="$1" bs=1M count="$2" oflag=direct conv=notrunc status=none
 }
+
+# tc_bench_vm MEMORY ENV SCRIPT: build the module, boot the test VM (the
+# newest 6.1 kernel, or $KVER) and run "SCRIPT --inside" in it with ENV (a
+# string of VAR=value words); print what it printed.  For the benchmark
+# scripts, which run the same file outside (to boot) and inside the VM.
+tc_bench_vm() {
+	local mem=$1 env=$2 script=$3 repo kver out
+	repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+	kver=${KVER:-$(ls /lib/modules | grep -E '^6\.1\.' | sort -V | tail -n 1)}
+	[ -n "$kver" ] || tc_die "no 6.1 kernel installed (make test installs one)"
+	command -v vng >/dev/null || tc_die "vng missing (make test installs virtme-ng)"
+	make -C "$repo" KVER="$kver" >/dev/null
+	out=$(mktemp -d)
+	vng --run "/boot/vmlinuz-$kver" --disable-kvm --force-9p --memory "$mem" \
+	    --cpus 2 --rwdir "$out" \
+	    --exec "$env $script --inside >$out/log 2>&1" >/dev/null 2>&1 || true
+	if [ ! -s "$out/log" ]; then
+		rm -rf "$out"
+		tc_die "the VM produced no output"
+	fi
+	grep -v "^Udev is running and DM_DISABLE_UDEV" "$out/log" || true
+	rm -rf "$out"
+}

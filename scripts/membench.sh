@@ -38,21 +38,11 @@ PARTS=${PARTS:-mem load}
 LOAD_DIRTY=${LOAD_DIRTY:-65536}
 MEMORY=${MEMORY:-6G}
 
-die() { echo "membench: $*" >&2; exit 1; }
+# shellcheck source=lib.sh
+. "$REPO/scripts/lib.sh"
 
 if [ "${1:-}" != "--inside" ]; then
-	KVER=${KVER:-$(ls /lib/modules | grep -E '^6\.1\.' | sort -V | tail -n 1)}
-	[ -n "$KVER" ] || die "no 6.1 kernel installed (make test installs one)"
-	command -v vng >/dev/null || die "vng missing (make test installs virtme-ng)"
-	make -C "$REPO" KVER="$KVER" >/dev/null
-	out=$(mktemp -d)
-	trap 'rm -rf "$out"' EXIT
-	vng --run "/boot/vmlinuz-$KVER" --disable-kvm --force-9p \
-	    --memory "$MEMORY" --cpus 2 --rwdir "$out" \
-	    --exec "SIZES_GIB='$SIZES_GIB' FILL_BLOCKS=$FILL_BLOCKS LOAD_DIRTY=$LOAD_DIRTY WC_MAX_GIB=$WC_MAX_GIB PARTS='$PARTS' $0 --inside >$out/log 2>&1" \
-	    >/dev/null 2>&1 || true
-	[ -s "$out/log" ] || die "the VM produced no output"
-	grep -v "^Udev is running and DM_DISABLE_UDEV" "$out/log" || true
+	tc_bench_vm "$MEMORY" "SIZES_GIB='$SIZES_GIB' FILL_BLOCKS=$FILL_BLOCKS LOAD_DIRTY=$LOAD_DIRTY WC_MAX_GIB=$WC_MAX_GIB PARTS='$PARTS'" "$0"
 	exit 0
 fi
 
@@ -138,25 +128,18 @@ table() {
 	esac
 }
 
-# used TARGET: cache slots in use
-used() {
+# counts TARGET: "slots-in-use slots" of mb-tc
+counts() {
 	local st
 	st=$(dmsetup status mb-tc)
 	case $1 in
-	tiercache) echo "$st" | awk '{ split($6, u, "/"); print u[1] }' ;;
-	writecache) echo "$st" | awk '{ print $5 - $6 }' ;;
+	tiercache) echo "$st" | awk '{ split($6, u, "/"); print u[1], u[2] }' ;;
+	writecache) echo "$st" | awk '{ print $5 - $6, $5 }' ;;
 	esac
 }
 
-# slots TARGET: cache slots in all
-slots() {
-	local st
-	st=$(dmsetup status mb-tc)
-	case $1 in
-	tiercache) echo "$st" | awk '{ split($6, u, "/"); print u[2] }' ;;
-	writecache) echo "$st" | awk '{ print $5 }' ;;
-	esac
-}
+used() { counts "$1" | awk '{ print $1 }'; }
+slots() { counts "$1" | awk '{ print $2 }'; }
 
 # timed_create TABLE: create mb-tc; prints the seconds, or fails
 timed_create() {
