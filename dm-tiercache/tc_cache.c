@@ -20,6 +20,7 @@
 #include <linux/slab.h>
 #include <linux/log2.h>
 #include <linux/mutex.h>
+#include <linux/mm.h>
 
 #include "tiercache.h"
 
@@ -124,12 +125,35 @@ static struct tc_cache *tc_cache_alloc(struct tc_target *t,
 	return c;
 }
 
+/*
+ * A new state whose index, dirty order (4 B per slot with every slot
+ * dirty, as a load may find them) and metadata bitmaps (7 bits per slot)
+ * would take more memory than is available is refused up front, with the
+ * figures.  A table that attaches to a live state allocates none of it.
+ */
+static int tc_cache_check_memory(struct tc_cache *c, char **error)
+{
+	u64 need = tc_index_bytes(c->nr_slots) + (u64)c->nr_slots * 4 +
+		   (u64)c->nr_slots * 7 / 8;
+	u64 avail = (u64)si_mem_available() << PAGE_SHIFT;
+
+	if (need <= avail)
+		return 0;
+	*error = "Not enough memory for a cache of this size";
+	DMERR("%s: a cache of %u slots needs up to %llu MiB of kernel memory, %llu MiB available",
+	      c->name, c->nr_slots, need >> 20, avail >> 20);
+	return -ENOMEM;
+}
+
 /* Set up a state from tc_cache_alloc(): memory, then format or load. */
 static int tc_cache_create(struct tc_cache *c, struct tc_target *t,
 			   char **error)
 {
 	int r;
 
+	r = tc_cache_check_memory(c, error);
+	if (r)
+		return r;
 	r = tc_cache_setup(c);
 	if (r) {
 		*error = "Cannot allocate the cache state";

@@ -666,7 +666,6 @@ static void tc_wb_finish_blk(struct tc_cache *c, struct tc_wb_req *req, u32 i,
 			     bool written)
 {
 	struct tc_wb_blk *blk = &req->blks[i];
-	bool paid, locked;
 
 	if (!written) {
 		tc_wb_untake(c, blk->slot, blk->owed);
@@ -677,19 +676,17 @@ static void tc_wb_finish_blk(struct tc_cache *c, struct tc_wb_req *req, u32 i,
 	 * the flush owed, the block's newest when the request took it.  A
 	 * request taken before the flush began may have written an older one.
 	 */
-	paid = test_bit(TC_FL_FULL, &c->fl.bits) &&
-	       req->full_gen == READ_ONCE(c->fl.full_gen);
-	locked = tc_trylock(&c->locks, &blk->h, req->first + i, TC_LK_WB);
-	if (locked)
-		tc_wb_written(c, blk->slot, paid);
-	else
-		tc_wb_let_go(c, blk->slot, paid);
-	if (paid)
-		tc_wb_repay(c, blk->slot, req->full_gen);
-	if (locked)
+	if (test_bit(TC_FL_FULL, &c->fl.bits) &&
+	    req->full_gen == READ_ONCE(c->fl.full_gen))
+		tc_wb_pay(c, blk->slot, req->full_gen);
+	if (tc_trylock(&c->locks, &blk->h, req->first + i, TC_LK_WB)) {
+		tc_wb_written(c, blk->slot);
 		tc_unlock(&c->locks, &blk->h);
-	else	/* still dirty: a full flush comes back if it owes the block */
-		tc_wb_skipped(c, req->first + i);
+		return;
+	}
+	tc_wb_let_go(c, blk->slot);
+	/* still dirty: a full flush comes back if it still owes the block */
+	tc_wb_skipped(c, req->first + i);
 }
 
 static void tc_wb_release(struct tc_cache *c, struct tc_wb_req *req,
@@ -940,7 +937,7 @@ static void tc_wb_begin_full(struct tc_cache *c)
 	 */
 	smp_mb__before_atomic();
 	clear_bit(TC_FL_FULL_REQ, &fl->bits);
-	/* the generation before any OWED: see tc_wb_repay() */
+	/* the generation before any OWED: see tc_wb_pay() */
 	smp_mb__after_atomic();
 	tc_index_owe_dirty(c);
 	clear_bit(TC_FL_PAUSED, &fl->bits);

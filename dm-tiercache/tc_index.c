@@ -25,6 +25,7 @@
  * request that writes a slot pays its debt, and a busy slot that owes
  * nothing is not waited for.
  */
+#include <linux/jiffies.h>
 #include <linux/slab.h>
 #include <linux/vmalloc.h>
 
@@ -34,6 +35,8 @@
 #define TC_CLOCK_MAX_STEPS	1024
 /* slots the owed walk marks between reschedules */
 #define TC_OWE_BATCH		4096
+/* a full cache's merges for cleaned slots: at most one per this */
+#define TC_MERGE_FULL_GAP	(HZ / 10)
 
 static void tc_index_release(void *ctx, u32 slot)
 {
@@ -258,6 +261,9 @@ int tc_alloc_slot(struct tc_cache *c, u64 block, u32 *slot)
 	else
 		r = tc_clock_reclaim(c, slot);
 	spin_unlock(&ix->alloc_lock);
+	/* slots cleaned but still in the dirty order: a merge frees them */
+	if (r && READ_ONCE(ix->cleaned))
+		tc_flush_kick(c);
 	return r;
 }
 
@@ -351,8 +357,12 @@ int tc_mark_dirty(struct tc_cache *c, u32 slot)
 
 	if (r)
 		return r;
-	/* a request writing the older data must leave it dirty */
-	tc_slot_set(&c->ix.sl, slot, TC_SF_REWRITTEN);
+	/*
+	 * A request writing the older data must leave it dirty.  WB is set
+	 * only under a lock that excludes this writer's: the test is exact.
+	 */
+	if (tc_slot_in_wb(c, slot))
+		tc_slot_set(&c->ix.sl, slot, TC_SF_REWRITTEN);
 	/* the slot holds this block already: safe to record before the data */
 	tc_meta_set(c, slot, true);
 	return 0;
@@ -412,13 +422,23 @@ int tc_index_merge(struct tc_cache *c, gfp_t gfp)
 	 */
 	WRITE_ONCE(c->ix.cleaned, false);
 	smp_mb();	/* the mark cleared, then the slot words read */
+	c->ix.merged = jiffies;
 	return tc_dorder_merge(d, gfp);
 }
 
-/* Writers filled half the tail. */
+/*
+ * Writers filled half the tail, or the cache is full while slots cleaned
+ * by writeback wait in the dirty order (CLOCK cannot take them before a
+ * merge drops them; at most one such merge per TC_MERGE_FULL_GAP).
+ */
 bool tc_index_want_merge(struct tc_cache *c)
 {
-	return tc_dorder_want_merge(&c->ix.dorder);
+	struct tc_index *ix = &c->ix;
+
+	if (tc_dorder_want_merge(&ix->dorder))
+		return true;
+	return READ_ONCE(ix->cleaned) && !READ_ONCE(ix->nr_free) &&
+	       time_after(jiffies, ix->merged + TC_MERGE_FULL_GAP);
 }
 
 /*
@@ -433,7 +453,7 @@ u32 tc_next_dirty(struct tc_cache *c, u64 from, u64 to, u64 *block)
 /* Set OWED on @s if it is dirty. */
 static void tc_slot_owe(struct tc_slots *sl, u32 s)
 {
-	/* pairs with the full barrier before the check in tc_wb_repay() */
+	/* pairs with the barrier before the check in tc_wb_pay() */
 	unsigned long *w = tc_slot_word(sl, s);
 	unsigned int sh = tc_slot_shift(s);
 	unsigned long old = READ_ONCE(*w);
@@ -519,16 +539,15 @@ void tc_wb_untake(struct tc_cache *c, u32 slot, bool owed)
 /*
  * The request's data of @slot is durable on the origin; the caller holds
  * the block's lock.  The slot is clean unless it was rewritten (or removed)
- * meanwhile.  @paid: the request paid a running full flush's debt.
+ * meanwhile.
  */
-void tc_wb_written(struct tc_cache *c, u32 slot, bool paid)
+void tc_wb_written(struct tc_cache *c, u32 slot)
 {
 	unsigned int f = tc_slot_flags(&c->ix.sl, slot);
-	unsigned int owed = paid ? BIT(TC_SF_OWED) : 0;
 
 	if ((f & (BIT(TC_SF_VALID) | BIT(TC_SF_DIRTY) | BIT(TC_SF_REWRITTEN))) !=
 	    (BIT(TC_SF_VALID) | BIT(TC_SF_DIRTY))) {
-		tc_wb_drop(c, slot, owed, false);
+		tc_wb_drop(c, slot, 0, false);
 		return;
 	}
 	/* what the origin holds now pays any debt */
@@ -540,22 +559,24 @@ void tc_wb_written(struct tc_cache *c, u32 slot, bool paid)
 }
 
 /*
- * A request of full flush @gen paid the debt of @slot: if another full
- * flush began meanwhile, its walk may have set OWED before the request
- * cleared it.  The slot owes the new flush if it is still dirty (setting
- * OWED on a dirty slot the flush did not need costs at most a pass).
+ * A written request of full flush @gen paid the debt of @slot, which it
+ * still holds (WB).  If another full flush began meanwhile, its walk may
+ * have set OWED before this clears it: the slot then owes the new flush
+ * again if it is dirty (OWED on a dirty slot the flush did not need costs
+ * at most a pass).
  */
-void tc_wb_repay(struct tc_cache *c, u32 slot, u32 gen)
+void tc_wb_pay(struct tc_cache *c, u32 slot, u32 gen)
 {
-	smp_mb();	/* the cleared OWED, then the generation */
+	tc_slot_clear(&c->ix.sl, slot, TC_SF_OWED);
+	smp_mb__after_atomic();	/* the cleared OWED, then the generation */
 	if (READ_ONCE(c->fl.full_gen) != gen)
 		tc_slot_owe(&c->ix.sl, slot);
 }
 
 /* The request is written but the block is busy: it stays dirty. */
-void tc_wb_let_go(struct tc_cache *c, u32 slot, bool paid)
+void tc_wb_let_go(struct tc_cache *c, u32 slot)
 {
-	tc_wb_drop(c, slot, paid ? BIT(TC_SF_OWED) : 0, false);
+	tc_wb_drop(c, slot, 0, false);
 }
 
 /*

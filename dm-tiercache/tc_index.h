@@ -36,6 +36,7 @@ struct tc_index {
 	u32 clock_hand;
 	atomic_t nr_dirty;
 	bool cleaned;			/* a slot left the dirty state */
+	unsigned long merged;		/* jiffies of the last merge */
 	bool ready;			/* the structures exist */
 };
 
@@ -69,9 +70,9 @@ u32 tc_next_dirty(struct tc_cache *c, u64 from, u64 to, u64 *block);
 void tc_index_owe_dirty(struct tc_cache *c);
 bool tc_wb_take(struct tc_cache *c, u32 slot, bool *owed);
 void tc_wb_untake(struct tc_cache *c, u32 slot, bool owed);
-void tc_wb_written(struct tc_cache *c, u32 slot, bool paid);
-void tc_wb_let_go(struct tc_cache *c, u32 slot, bool paid);
-void tc_wb_repay(struct tc_cache *c, u32 slot, u32 gen);
+void tc_wb_pay(struct tc_cache *c, u32 slot, u32 gen);
+void tc_wb_written(struct tc_cache *c, u32 slot);
+void tc_wb_let_go(struct tc_cache *c, u32 slot);
 bool tc_wb_owed(struct tc_cache *c, u64 block);
 
 #endif /* DM_TIERCACHE_INDEX_H */

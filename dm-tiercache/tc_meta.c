@@ -121,6 +121,9 @@ void tc_meta_clear(struct tc_cache *c, u32 slot)
 		__clear_bit(slot, m->want_valid);
 		__clear_bit(slot, m->want_dirty);
 		tc_meta_changed(c, slot);
+		if (test_bit(slot, m->disk_dirty) &&
+		    !__test_and_set_bit(slot, m->stale))
+			atomic_inc(&m->nr_stale);
 	}
 	spin_unlock_irqrestore(&m->lock, flags);
 }
@@ -140,20 +143,22 @@ bool tc_meta_defer_free(struct tc_cache *c, u32 slot)
 
 	spin_lock_irqsave(&m->lock, flags);
 	defer = test_bit(slot, m->disk_dirty);
-	if (defer && !__test_and_set_bit(slot, m->pending_free))
-		atomic_inc(&m->nr_pending_free);
+	if (defer)
+		__set_bit(slot, m->pending_free);
 	spin_unlock_irqrestore(&m->lock, flags);
 	return defer;
 }
 
 /*
- * Are slots dropped while the disk may still record them dirty?  Until a
+ * Are entries dropped while the disk may still record them dirty?  Until a
  * commit records them empty, a crash would bring their older data back
- * over anything written to those blocks around the cache.
+ * over anything written to those blocks around the cache.  Counted when
+ * the entry is dropped (tc_meta_clear()), not when its slot is freed: the
+ * slot may wait for the dirty order or a writeback request first.
  */
 bool tc_meta_stale(struct tc_cache *c)
 {
-	return atomic_read(&c->meta.nr_pending_free);
+	return atomic_read(&c->meta.nr_stale);
 }
 
 /* Complete @bio (a flush or a FUA write) once a commit has ended. */
@@ -403,10 +408,12 @@ static void tc_meta_after_commit(struct tc_cache *c)
 			if (test_bit(s, m->wrote_clean) &&
 			    !test_bit(s, m->want_dirty))
 				__clear_bit(s, m->disk_dirty);
+			if (!test_bit(s, m->disk_dirty) &&
+			    __test_and_clear_bit(s, m->stale))
+				atomic_dec(&m->nr_stale);
 			if (test_bit(s, m->pending_free) &&
 			    !test_bit(s, m->disk_dirty)) {
 				__clear_bit(s, m->pending_free);
-				atomic_dec(&m->nr_pending_free);
 				release = true;
 			}
 			spin_unlock_irq(&m->lock);
@@ -508,6 +515,7 @@ static int tc_meta_alloc(struct tc_meta *m)
 	m->snap = tc_bitmap_alloc(n);
 	m->disk_dirty = tc_bitmap_alloc(m->layout.nr_slots);
 	m->pending_free = tc_bitmap_alloc(m->layout.nr_slots);
+	m->stale = tc_bitmap_alloc(m->layout.nr_slots);
 	m->wrote_clean = tc_bitmap_alloc(m->layout.nr_slots);
 	m->want_valid = tc_bitmap_alloc(m->layout.nr_slots);
 	m->want_dirty = tc_bitmap_alloc(m->layout.nr_slots);
@@ -518,7 +526,7 @@ static int tc_meta_alloc(struct tc_meta *m)
 				    sizeof(*m->want_buf), GFP_KERNEL);
 	m->sb = (void *)get_zeroed_page(GFP_KERNEL);
 	if (!m->bounce || !m->changed || !m->snap || !m->disk_dirty ||
-	    !m->pending_free || !m->wrote_clean || !m->want_valid ||
+	    !m->pending_free || !m->stale || !m->wrote_clean || !m->want_valid ||
 	    !m->want_dirty || !m->late || !m->late_seq || !m->want_buf ||
 	    !m->sb)
 		return -ENOMEM;
@@ -540,6 +548,7 @@ void tc_meta_free(struct tc_cache *c)
 	kvfree(m->snap);
 	kvfree(m->disk_dirty);
 	kvfree(m->pending_free);
+	kvfree(m->stale);
 	free_page((unsigned long)m->sb);
 	m->bounce = NULL;
 	m->sb = NULL;
@@ -552,7 +561,7 @@ void tc_meta_init(struct tc_cache *c)
 	spin_lock_init(&m->lock);
 	mutex_init(&m->commit_lock);
 	bio_list_init(&m->waiting);
-	atomic_set(&m->nr_pending_free, 0);
+	atomic_set(&m->nr_stale, 0);
 	INIT_WORK(&m->commit_work, tc_meta_commit_work);
 	INIT_DELAYED_WORK(&m->timer_work, tc_meta_timer_work);
 	m->suspended = true;	/* until the first resume */
@@ -802,9 +811,9 @@ static int tc_meta_load(struct tc_cache *c, struct tc_target *t,
 static int tc_meta_count_dirty(struct tc_cache *c, const struct tc_sb_info *i,
 			       u64 *dirty)
 {
-	const u64 per_chunk = TC_ENTRIES_PER_MBLOCK * 16;
+	const u64 per_chunk = TC_ENTRIES_PER_MBLOCK * c->meta.bounce_blocks;
 	const struct tc_layout *l = &i->layout;
-	struct tc_disk_entry *buf;
+	struct tc_disk_entry *buf = c->meta.bounce;
 	struct tc_de_info info;
 	u64 s, k, n;
 	int r = 0;
@@ -813,9 +822,6 @@ static int tc_meta_count_dirty(struct tc_cache *c, const struct tc_sb_info *i,
 	if (l->data_start + l->nr_slots * l->block_sectors >
 	    bdev_nr_sectors(c->cache_bdev))
 		return 0;	/* cannot be this device's: nothing to lose */
-	buf = vmalloc(per_chunk * sizeof(*buf));
-	if (!buf)
-		return -ENOMEM;
 	for (s = 0; s < l->nr_slots && !r; s += per_chunk) {
 		n = min(per_chunk, l->nr_slots - s);
 		r = tc_meta_rw(c, buf, l->meta_start + s * sizeof(*buf) / 512,
@@ -827,7 +833,6 @@ static int tc_meta_count_dirty(struct tc_cache *c, const struct tc_sb_info *i,
 				(*dirty)++;
 		cond_resched();
 	}
-	vfree(buf);
 	return r;
 }
 

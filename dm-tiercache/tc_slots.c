@@ -27,7 +27,9 @@ void *tc_bigalloc(size_t n, size_t size, gfp_t gfp)
 	 * A huge cache that does not fit is refused: no backtrace for it, and
 	 * no OOM killer (the create fails with ENOMEM instead).
 	 */
-	gfp |= __GFP_NOWARN | __GFP_RETRY_MAYFAIL;
+	gfp |= __GFP_NOWARN;
+	if (!(gfp & __GFP_NORETRY))
+		gfp |= __GFP_RETRY_MAYFAIL;
 	if (bytes <= INT_MAX)
 		return kvmalloc(bytes, gfp);
 	return __vmalloc(bytes, gfp);

@@ -8,7 +8,6 @@
  */
 #include <linux/module.h>
 #include <linux/slab.h>
-#include <linux/mm.h>
 
 #include "tiercache.h"
 
@@ -61,25 +60,8 @@ static int tc_get_devices(struct dm_target *ti, struct tc_target *t)
 }
 
 /*
- * A cache whose index and metadata bitmaps (6 bits per slot) would take
- * more memory than is available is refused up front, with the figure.
- */
-static int tc_check_memory(struct dm_target *ti, u32 slots)
-{
-	u64 need = tc_index_bytes(slots) + (u64)slots * 6 / 8;
-	u64 avail = (u64)si_mem_available() << PAGE_SHIFT;
-
-	if (need <= avail)
-		return 0;
-	ti->error = "Not enough memory for a cache of this size";
-	DMERR("Cache of %u slots needs %llu MiB of kernel memory, %llu MiB available",
-	      slots, need >> 20, avail >> 20);
-	return -ENOMEM;
-}
-
-/*
  * Sizes: the origin must cover the target, the cache device hold the
- * metadata and enough slots, and memory the cache's state.
+ * metadata and enough slots.
  */
 static int tc_check_sizes(struct dm_target *ti, struct tc_target *t,
 			  u32 *nr_slots)
@@ -114,7 +96,7 @@ static int tc_check_sizes(struct dm_target *ti, struct tc_target *t,
 		return -EINVAL;
 	}
 	*nr_slots = slots;	/* at most TC_MAX_SLOTS = U32_MAX */
-	return tc_check_memory(ti, slots);
+	return 0;
 }
 
 static int tc_ctr(struct dm_target *ti, unsigned int argc, char **argv)

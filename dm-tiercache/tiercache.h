@@ -191,7 +191,8 @@ struct tc_meta {
 	unsigned long *snap;		/* blocks of the running commit */
 	unsigned long *disk_dirty;	/* slots maybe dirty on disk */
 	unsigned long *pending_free;	/* freed slots waiting for a commit */
-	atomic_t nr_pending_free;	/* bits set in pending_free */
+	unsigned long *stale;		/* dropped, maybe dirty on disk */
+	atomic_t nr_stale;		/* bits set in stale */
 	spinlock_t lock;		/* wanted state, changed, bitmaps, waiting */
 	struct mutex commit_lock;
 	u64 open_seq;			/* the commit new changes go to */
