@@ -68,6 +68,7 @@ int tc_index_init(struct tc_cache *c)
 		r = -ENOMEM;
 		goto fail_dorder;
 	}
+	ix->merged = jiffies - TC_MERGE_FULL_GAP - 1;
 	ix->ready = true;
 	return 0;
 
@@ -262,8 +263,10 @@ int tc_alloc_slot(struct tc_cache *c, u64 block, u32 *slot)
 		r = tc_clock_reclaim(c, slot);
 	spin_unlock(&ix->alloc_lock);
 	/* slots cleaned but still in the dirty order: a merge frees them */
-	if (r && READ_ONCE(ix->cleaned))
+	if (r && READ_ONCE(ix->cleaned)) {
+		WRITE_ONCE(ix->starved, true);
 		tc_flush_kick(c);
+	}
 	return r;
 }
 
@@ -409,10 +412,13 @@ void tc_index_load_end(struct tc_cache *c)
  */
 int tc_index_merge(struct tc_cache *c, gfp_t gfp)
 {
-	struct tc_dorder *d = &c->ix.dorder;
+	struct tc_index *ix = &c->ix;
+	struct tc_dorder *d = &ix->dorder;
+	bool starved = READ_ONCE(ix->starved);
+	int r;
 
 	if (!READ_ONCE(d->nr_tail) && !d->nr_pending &&
-	    !READ_ONCE(c->ix.cleaned))
+	    !READ_ONCE(ix->cleaned))
 		return 0;
 	/*
 	 * A slot is marked cleaned after its DIRTY went (the atomic update
@@ -420,16 +426,26 @@ int tc_index_merge(struct tc_cache *c, gfp_t gfp)
 	 * are read, the mark of a slot this merge may miss is seen by the
 	 * next one.
 	 */
-	WRITE_ONCE(c->ix.cleaned, false);
+	WRITE_ONCE(ix->cleaned, false);
+	WRITE_ONCE(ix->starved, false);
 	smp_mb();	/* the mark cleared, then the slot words read */
-	c->ix.merged = jiffies;
-	return tc_dorder_merge(d, gfp);
+	r = tc_dorder_merge(d, gfp);
+	if (r) {
+		/* nothing was dropped: the next merge must still try */
+		WRITE_ONCE(ix->cleaned, true);
+		if (starved)
+			WRITE_ONCE(ix->starved, true);
+	}
+	/* the gap counts from the end: a long merge is not followed at once */
+	WRITE_ONCE(ix->merged, jiffies);
+	return r;
 }
 
 /*
- * Writers filled half the tail, or the cache is full while slots cleaned
- * by writeback wait in the dirty order (CLOCK cannot take them before a
- * merge drops them; at most one such merge per TC_MERGE_FULL_GAP).
+ * Writers filled half the tail, or an allocation found no slot while
+ * slots cleaned by writeback wait in the dirty order (CLOCK cannot take
+ * them before a merge drops them; at most one such merge per
+ * TC_MERGE_FULL_GAP after the last one ended).
  */
 bool tc_index_want_merge(struct tc_cache *c)
 {
@@ -437,8 +453,8 @@ bool tc_index_want_merge(struct tc_cache *c)
 
 	if (tc_dorder_want_merge(&ix->dorder))
 		return true;
-	return READ_ONCE(ix->cleaned) && !READ_ONCE(ix->nr_free) &&
-	       time_after(jiffies, ix->merged + TC_MERGE_FULL_GAP);
+	return READ_ONCE(ix->starved) &&
+	       time_after(jiffies, READ_ONCE(ix->merged) + TC_MERGE_FULL_GAP);
 }
 
 /*

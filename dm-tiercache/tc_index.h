@@ -36,7 +36,8 @@ struct tc_index {
 	u32 clock_hand;
 	atomic_t nr_dirty;
 	bool cleaned;			/* a slot left the dirty state */
-	unsigned long merged;		/* jiffies of the last merge */
+	bool starved;			/* no slot while cleaned ones wait */
+	unsigned long merged;		/* jiffies at the end of the last merge */
 	bool ready;			/* the structures exist */
 };
 
