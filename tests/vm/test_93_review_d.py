@@ -10,6 +10,10 @@
   3  a full flush asked for while the device is suspended ends (EROFS,
      with a dm event) when a read-only table is resumed; `cleaner on` is
      refused by a read-only table
+  4  a FUA write that goes around the cache after its clean slot is
+     dropped (the slot still waits in the dirty order, the disk still
+     records it dirty) is acknowledged only after a commit: a crash does
+     not bring the old dirty copy back over it
 
 Races are made deterministic by slow devices: the cache is a null_blk
 completing every request 20 ms after it came (a timer per request), so
@@ -25,8 +29,9 @@ import time
 import pytest
 
 import tclib
-from faults import (dirty_tiercache, find_in_device, linear_with_error, load_table, rnd,
-                    start_fio, stop_fio, swap, wait_until)
+from faults import (BgCmd, committed_dirty, dirty_tiercache, find_in_device, fsync_path,
+                    linear_with_error, load_table, rnd, start_fio, stop_fio, swap,
+                    wait_until)
 from tclib import MiB
 
 pytestmark = [pytest.mark.module, pytest.mark.usefixtures("tc_module")]
@@ -321,3 +326,124 @@ def test_readonly_cleaner_refused(stack):
         load_table(tc, table, readonly=False)
     tc.flush(timeout=30)
     m.verify_device(ram, start=base * B, end=(base + n) * B, what="origin after the flush")
+
+
+# ---------------------------------------------------------------- 4
+
+FUA_PATTERN = "a5c3e1f7"
+
+
+def fua_write_cmd(path, off):
+    """fio writing one 4 KiB block of FUA_PATTERN at @off as one REQ_FUA
+    write: O_DIRECT | O_DSYNC through libaio.  (A synchronous O_DSYNC write
+    of a block device is followed by a cache flush, which commits the
+    metadata whatever the write path did; an asynchronous one is not.)"""
+    return ["fio", "--name=fua", f"--filename={path}", "--rw=write", "--bs=4096",
+            "--size=4096", f"--offset={off}", "--ioengine=libaio", "--iodepth=1",
+            "--direct=1", "--sync=dsync", f"--buffer_pattern=0x{FUA_PATTERN}",
+            "--output-format=terse"]
+
+
+def read_image(path, size):
+    return b"".join(tclib.read_direct(path, off, min(MiB, size - off))
+                    for off in range(0, size, MiB))
+
+
+def data_start(cache_sectors, block=S):
+    """First sector of the data area (tc_disk_layout(), as tclib.tc_slots)."""
+    n = tclib.tc_slots(cache_sectors, block)
+    meta_end = 8 + (n + 127) // 128 * 8
+    return (meta_end + block - 1) // block * block
+
+
+def test_fua_write_around_after_dropping_a_queued_slot_survives_crash(stack):
+    """Block X is dirty and committed.  A full flush writes X back; its
+    slot is clean in memory but still waits in the dirty order (the pass
+    goes on with blocks Y, whose origin writes are held by dm-delay), and the commit
+    that records X clean cannot finish (the metadata area of the cache
+    device is a dm-linear of its own, suspended).  Then the cache's data
+    area fails (its own dm-linear swapped for `error`) and an O_DIRECT |
+    O_DSYNC (REQ_FUA) write of X arrives: it hits the clean slot, its
+    cache write fails, the slot is dropped and the write goes to the
+    origin.  The disk still records X dirty, so the write may be
+    acknowledged only once a commit has recorded the drop: a crash right
+    after the acknowledgement (both devices imaged as they are) must read
+    the new data of X, never the old dirty copy.
+
+    The module of 8918d4c counted a dropped slot as stale only when the
+    slot was freed, after the dirty order let go of it: the write was
+    acknowledged at once, and the crashed cache wrote the old data back."""
+    osz, csz = 64 * MiB, 16 * MiB
+    o_raw, c_raw = stack.ram(osz), stack.ram(csz)
+    on, cn = osz // 512, csz // 512
+    mid = on // 2
+    ds = data_start(cn)
+    orig = stack.dm("tce4-orig", f"0 {mid} linear {o_raw} 0\n"
+                    f"{mid} {on - mid} delay {o_raw} {mid} 0 {o_raw} {mid} 120000 "
+                    f"{o_raw} {mid} 0")
+    cmeta = stack.dm("tce4-cmeta", f"0 {ds} linear {c_raw} 0")
+    data_table = f"0 {cn - ds} linear {c_raw} {ds}"
+    cdata = stack.dm("tce4-cdata", data_table)
+    cdev = stack.dm("tce4-cache", f"0 {ds} linear {cmeta.path} 0\n"
+                    f"{ds} {cn - ds} linear {cdata.path} 0")
+    keys = [("high_watermark", 100), ("low_watermark", 0), ("commit_ms", 600000),
+            ("flush_depth", 1), ("bridge_gap_kb", 0)]
+    tc = stack.tiercache(orig.path, cdev.path, S, "writeback", keys, name="tce4")
+    x, ys = 100, list(range(mid // S + 100, mid // S + 116))
+    a, b = rnd("e4-a"), bytes.fromhex(FUA_PATTERN) * (B // 4)
+    ydata = {y: rnd(f"e4-y{y}") for y in ys}
+    tclib.write_direct(tc.path, x * B, a)
+    for y, d in ydata.items():
+        tclib.write_direct(tc.path, y * B, d)
+    fsync_path(tc.path)
+    assert x in committed_dirty(cdev.path), "precondition: X is not committed dirty"
+
+    cmeta.suspend(timeout=30)
+    meta_held, notes, w = True, [], None
+    try:
+        tc.message("flush")
+        wait_until(lambda: tc.status()["dirty"] == len(ys), 30,
+                   "the flush writing X back (dirty down to the Y blocks)")
+        st = tc.status()
+        assert st["flush_state"] == "flushing", f"precondition: the pass ended: {st['raw']}"
+        swap(cdata, f"0 {cn - ds} error")
+        w = BgCmd(fua_write_cmd(tc.path, x * B), "REQ_FUA write of X")
+        # fio takes seconds to start under emulation
+        rc = w.wait(20)
+        if rc is None:
+            notes.append("the FUA write waited for the metadata")
+            cmeta.resume()
+            meta_held = False
+            rc = w.wait(30)
+            assert rc is not None, "the FUA write did not end 30 s after the metadata resumed"
+        acked = rc == 0
+        st = tc.status()
+        tclib.kmsg(f"test_93 e4: FUA write rc {rc}; {'; '.join(notes) or 'nothing waited'}; "
+                   f"status {st['raw']}")
+        assert st["flush_state"] == "flushing" and st["dirty"] == len(ys), \
+            f"the Y blocks were written back before the write ended: no test ({st['raw']})"
+
+        # the crash point: both devices as they are now
+        img_c, img_o = read_image(c_raw, csz), read_image(o_raw, osz)
+    finally:
+        if meta_held:
+            cmeta.resume()
+        if w is not None:
+            w.kill()
+        # a suspend of dm-delay sends what it holds: the Y writes end now
+        orig.suspend(timeout=30)
+        orig.resume()
+    swap(cdata, data_table)
+    assert acked, f"the write failed (rc {rc}: {w.err[-300:]}), yet the origin is healthy"
+    tc.remove()
+    swap(orig, f"0 {on} linear {o_raw} 0")
+    tclib.fill_device(c_raw, img_c)
+    tclib.fill_device(o_raw, img_o)
+    tc2 = stack.tiercache(orig.path, cdev.path, S, "writeback", name="tce4-after",
+                          fmt=False)
+    got = tclib.read_direct(tc2.path, x * B, B)
+    what = {a: "the old dirty copy", b: "the acknowledged FUA data"}.get(got, "neither")
+    assert got == b, (f"after the crash X reads as {what} (status after load: "
+                      f"{tc2.status()['raw']}); notes: {notes}")
+    bad = [y for y, d in ydata.items() if tclib.read_direct(tc2.path, y * B, B) != d]
+    assert not bad, f"{len(bad)} fsynced Y blocks read wrong after the crash"
