@@ -98,6 +98,7 @@ void tc_sb_encode(struct tc_disk_sb *sb, const struct tc_sb_info *i)
 	sb->data_start = cpu_to_le64(i->layout.data_start);
 	sb->origin_sectors = cpu_to_le64(i->origin_sectors);
 	memcpy(sb->uuid, i->uuid, n);
+	sb->gen = cpu_to_le32(i->gen);
 	sb->csum = cpu_to_le32(tc_disk_crc(sb, sizeof(*sb)));
 }
 
@@ -117,13 +118,15 @@ static bool tc_sb_fields_ok(const struct tc_disk_sb *sb,
 	for (k = 0; k < sizeof(sb->reserved); k++)
 		if (sb->reserved[k])
 			return false;
-	return true;
+	/* version 1: the generation word was reserved */
+	return i->version != TC_DISK_VERSION_V1 || !i->gen;
 }
 
 enum tc_sb_result tc_sb_decode(const struct tc_disk_sb *sb,
 			       struct tc_sb_info *i)
 {
 	struct tc_disk_sb tmp;
+	u32 version;
 
 	if (memcmp(sb->magic, TC_DISK_MAGIC, sizeof(sb->magic)))
 		return TC_SB_BLANK;
@@ -131,9 +134,12 @@ enum tc_sb_result tc_sb_decode(const struct tc_disk_sb *sb,
 	tmp.csum = 0;
 	if (tc_disk_crc(&tmp, sizeof(tmp)) != le32_to_cpu(sb->csum))
 		return TC_SB_BAD_CSUM;
-	if (le32_to_cpu(sb->version) != TC_DISK_VERSION)
+	version = le32_to_cpu(sb->version);
+	if (version != TC_DISK_VERSION && version != TC_DISK_VERSION_V1)
 		return TC_SB_BAD_VERSION;
 	memset(i, 0, sizeof(*i));
+	i->version = version;
+	i->gen = le32_to_cpu(sb->gen);
 	i->commit_seq = le64_to_cpu(sb->commit_seq);
 	i->origin_sectors = le64_to_cpu(sb->origin_sectors);
 	i->layout.block_sectors = le32_to_cpu(sb->block_sectors);
@@ -166,13 +172,14 @@ const char *tc_sb_result_str(enum tc_sb_result r)
 }
 
 void tc_de_encode(struct tc_disk_entry *d, u64 slot, u64 block, bool dirty,
-		  u64 seq)
+		  u64 seq, u32 gen)
 {
 	memset(d, 0, sizeof(*d));
 	d->block = cpu_to_le64(block);
 	d->seq = cpu_to_le64(seq);
 	d->slot = cpu_to_le32((u32)slot);
 	d->flags = cpu_to_le32(TC_DE_VALID | (dirty ? TC_DE_DIRTY : 0));
+	d->gen = cpu_to_le32(gen);
 	d->csum = cpu_to_le32(tc_disk_crc(d, sizeof(*d)));
 }
 
@@ -188,8 +195,14 @@ static bool tc_de_is_zero(const struct tc_disk_entry *d)
 	return !memcmp(d, &zero, sizeof(*d));
 }
 
+/*
+ * Decode the entry of @slot under a superblock of generation @gen.  Only
+ * an entry of that generation naming its own slot is checked further: any
+ * other non-zero entry is foreign (left by an earlier format, or bytes the
+ * device held before), a free slot like an all-zero one.
+ */
 enum tc_de_result tc_de_decode(const struct tc_disk_entry *d, u64 slot,
-			       u64 nr_blocks, u64 commit_seq,
+			       u64 nr_blocks, u64 commit_seq, u32 gen,
 			       struct tc_de_info *i)
 {
 	struct tc_disk_entry tmp;
@@ -197,15 +210,14 @@ enum tc_de_result tc_de_decode(const struct tc_disk_entry *d, u64 slot,
 
 	if (tc_de_is_zero(d))
 		return TC_DE_EMPTY;
+	if (le32_to_cpu(d->gen) != gen || le32_to_cpu(d->slot) != (u32)slot)
+		return TC_DE_FOREIGN;
 	tmp = *d;
 	tmp.csum = 0;
 	if (tc_disk_crc(&tmp, sizeof(tmp)) != le32_to_cpu(d->csum))
 		return TC_DE_BAD_CSUM;
-	if (le32_to_cpu(d->slot) != (u32)slot)
-		return TC_DE_BAD_SLOT;
 	flags = le32_to_cpu(d->flags);
-	if (!(flags & TC_DE_VALID) || (flags & ~(TC_DE_VALID | TC_DE_DIRTY)) ||
-	    d->reserved)
+	if (!(flags & TC_DE_VALID) || (flags & ~(TC_DE_VALID | TC_DE_DIRTY)))
 		return TC_DE_BAD_FLAGS;
 	i->block = le64_to_cpu(d->block);
 	i->seq = le64_to_cpu(d->seq);
@@ -217,11 +229,19 @@ enum tc_de_result tc_de_decode(const struct tc_disk_entry *d, u64 slot,
 	return i->dirty ? TC_DE_DIRTY_OK : TC_DE_CLEAN;
 }
 
+/* Does the slot of an entry decoded as @r hold nothing? */
+bool tc_de_free(enum tc_de_result r)
+{
+	return r == TC_DE_EMPTY || r == TC_DE_FOREIGN;
+}
+
 const char *tc_de_result_str(enum tc_de_result r)
 {
 	switch (r) {
 	case TC_DE_EMPTY:
 		return "empty";
+	case TC_DE_FOREIGN:
+		return "foreign (another format generation or slot: empty)";
 	case TC_DE_CLEAN:
 		return "clean";
 	case TC_DE_DIRTY_OK:
@@ -230,8 +250,6 @@ const char *tc_de_result_str(enum tc_de_result r)
 		return "uncommitted (newer than the superblock: ignored)";
 	case TC_DE_BAD_CSUM:
 		return "checksum mismatch";
-	case TC_DE_BAD_SLOT:
-		return "slot number does not match its position";
 	case TC_DE_BAD_FLAGS:
 		return "invalid flags";
 	case TC_DE_BAD_BLOCK:

@@ -25,8 +25,40 @@
  *   commit that did not finish and is ignored;
  * - a slot that is dirty on disk is not reused before a commit has
  *   recorded it clean.
- * All-zero entries are empty slots.  Clean entries are recorded but not
- * loaded: after a restart the cache holds the committed dirty blocks.
+ * Clean entries are recorded but not loaded: after a restart the cache
+ * holds the committed dirty blocks.
+ *
+ * Format generation (version 2).  A format writes the superblock only: it
+ * does not clear the entry area, which holds whatever the device held
+ * before (entries of an earlier format, a file system, anything).  The
+ * superblock carries a 32-bit generation, and every entry the module
+ * writes carries the generation of its superblock.  An entry is *ours*
+ * only if its gen equals the superblock's and its slot field equals its
+ * own index; an all-zero entry is empty, and any other entry is *foreign*
+ * (TC_DE_FOREIGN) and reads as empty too.  Only our entries are checked
+ * further (checksum, flags, block, sequence): leftover bytes never make a
+ * load fail, while a corrupt entry of this generation still does.
+ *
+ * Why leftovers cannot pass for ours:
+ * - bytes that tiercache did not write match in gen (32 bits) and slot
+ *   (32 bits) with probability 2^-64 per entry if they look random (2^-32
+ *   for a full 2^32-slot area, per load), and the generation is not a
+ *   value other data can follow: the first format of a device takes a
+ *   random one.  Such an entry would then fail its checksum and the
+ *   load; to be loaded as a dirty block it must pass the CRC-32C too
+ *   (2^-96 per entry in all) and the flags check;
+ * - entries of earlier formats: a format over a valid superblock takes
+ *   the next generation (skipping 0), so their gens are all older; they
+ *   come back only after 2^32 formats of one device;
+ * - entries of a cache whose superblock was wiped or torn: the new random
+ *   generation equals theirs with probability 2^-32 per such format.
+ * Generation 0 is never chosen: it is the generation of version 1 caches.
+ *
+ * Version 1 (no generation: the superblock's gen was reserved and zero,
+ * the entry's gen word was reserved and zero, and a format zeroed the
+ * entry area) decodes as generation 0, under the same rule.  The module
+ * writes version 2 only: a version 1 cache becomes version 2, generation
+ * 0, at its first commit.
  */
 #ifndef DM_TIERCACHE_DISK_H
 #define DM_TIERCACHE_DISK_H
@@ -52,7 +84,8 @@ typedef uint64_t __le64;
 #endif
 
 #define TC_DISK_MAGIC		"TIERCACH"
-#define TC_DISK_VERSION		1
+#define TC_DISK_VERSION		2	/* the version written */
+#define TC_DISK_VERSION_V1	1	/* still read, as generation 0 */
 
 #define TC_SB_SECTORS		8		/* reserved for the superblock */
 #define TC_META_START		TC_SB_SECTORS
@@ -73,7 +106,8 @@ struct tc_disk_sb {
 	__le64 data_start;		/* sector of slot 0 */
 	__le64 origin_sectors;		/* length of the cached origin */
 	__u8 uuid[TC_UUID_BYTES];	/* dm uuid of the device, NUL padded */
-	__u8 reserved[320];
+	__le32 gen;			/* format generation (v1: reserved, 0) */
+	__u8 reserved[316];
 };
 
 /* entry flags */
@@ -86,7 +120,7 @@ struct tc_disk_entry {
 	__le32 slot;			/* own slot number */
 	__le32 flags;			/* TC_DE_* */
 	__le32 csum;			/* crc32c of the entry, csum = 0 */
-	__le32 reserved;		/* 0 */
+	__le32 gen;			/* format generation (v1: reserved, 0) */
 };
 
 #define TC_ENTRIES_PER_MBLOCK	(TC_MBLOCK_BYTES / sizeof(struct tc_disk_entry))
@@ -104,6 +138,8 @@ struct tc_sb_info {
 	struct tc_layout layout;
 	u64 commit_seq;
 	u64 origin_sectors;
+	u32 version;			/* as read; tc_sb_encode writes the current */
+	u32 gen;			/* format generation */
 	char uuid[TC_UUID_BYTES + 1];
 };
 
@@ -117,11 +153,11 @@ enum tc_sb_result {
 
 enum tc_de_result {
 	TC_DE_EMPTY,		/* all zero: a free slot */
+	TC_DE_FOREIGN,		/* another generation or slot: a free slot */
 	TC_DE_CLEAN,
 	TC_DE_DIRTY_OK,		/* a committed dirty block */
 	TC_DE_UNCOMMITTED,	/* written by a commit that did not end */
 	TC_DE_BAD_CSUM,
-	TC_DE_BAD_SLOT,		/* slot field is not its own index */
 	TC_DE_BAD_FLAGS,
 	TC_DE_BAD_BLOCK,	/* beyond the origin */
 };
@@ -143,11 +179,12 @@ enum tc_sb_result tc_sb_decode(const struct tc_disk_sb *sb,
 const char *tc_sb_result_str(enum tc_sb_result r);
 
 void tc_de_encode(struct tc_disk_entry *d, u64 slot, u64 block, bool dirty,
-		  u64 seq);
+		  u64 seq, u32 gen);
 void tc_de_encode_empty(struct tc_disk_entry *d);
 enum tc_de_result tc_de_decode(const struct tc_disk_entry *d, u64 slot,
-			       u64 nr_blocks, u64 commit_seq,
+			       u64 nr_blocks, u64 commit_seq, u32 gen,
 			       struct tc_de_info *i);
+bool tc_de_free(enum tc_de_result r);
 const char *tc_de_result_str(enum tc_de_result r);
 
 #endif /* DM_TIERCACHE_DISK_H */

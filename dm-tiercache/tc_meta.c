@@ -44,6 +44,12 @@
  * Nothing is written while the device is suspended (the timer is off; a
  * commit with nothing to do does not even flush the cache device) or while
  * the table is read-only.
+ *
+ * Entries of another format generation (tc_disk.h) read as empty
+ * (foreign).  A commit rewrites a foreign entry only when its slot is to
+ * hold a block; one that should be empty is right as it is.  Every
+ * superblock written is of the current version: a version 1 cache
+ * (generation 0) is upgraded by its first commit.
  */
 #include <linux/vmalloc.h>
 #include <linux/slab.h>
@@ -224,18 +230,20 @@ static void tc_meta_want_block(struct tc_cache *c, u64 mb, u64 seq)
 }
 
 /*
- * Is entry @d of @slot already what @w says?  An entry written by a
- * commit newer than @seq (the one being made) is not: it was left by a
- * commit that did not finish before a load, and would look uncommitted.
+ * Is entry @d of @slot already what @w says, under format generation
+ * @gen?  An entry written by a commit newer than @seq (the one being made)
+ * is not: it was left by a commit that did not finish before a load, and
+ * would look uncommitted.  An empty slot's entry may be all zero or
+ * foreign (another generation's, or leftover bytes): both read as empty.
  */
 static bool tc_meta_entry_right(u32 slot, const struct tc_disk_entry *d,
-				const struct tc_meta_want *w, u64 seq)
+				const struct tc_meta_want *w, u64 seq, u32 gen)
 {
 	struct tc_de_info info;
-	enum tc_de_result r = tc_de_decode(d, slot, U64_MAX, seq, &info);
+	enum tc_de_result r = tc_de_decode(d, slot, U64_MAX, seq, gen, &info);
 
 	if (!w->valid)
-		return r == TC_DE_EMPTY;
+		return tc_de_free(r);
 	return (r == TC_DE_CLEAN || r == TC_DE_DIRTY_OK) &&
 	       info.dirty == w->dirty && info.block == w->block;
 }
@@ -259,12 +267,12 @@ static void tc_meta_fill_block(struct tc_cache *c, u64 mb, void *blk,
 	tc_meta_want_block(c, mb, seq);
 	spin_unlock_irq(&m->lock);
 	for (; s < last; s++, d++, w++) {
-		if (tc_meta_entry_right(s, d, w, seq))
+		if (tc_meta_entry_right(s, d, w, seq, m->gen))
 			continue;
 		if (!w->valid)
 			tc_de_encode_empty(d);
 		else
-			tc_de_encode(d, s, w->block, w->dirty, w->seq);
+			tc_de_encode(d, s, w->block, w->dirty, w->seq, m->gen);
 	}
 	/* past the last slot: the rest of the last block stays as it is */
 }
@@ -382,6 +390,7 @@ static int tc_meta_write_sb(struct tc_cache *c, u64 seq)
 		.layout = m->layout,
 		.commit_seq = seq,
 		.origin_sectors = m->origin_sectors,
+		.gen = m->gen,
 	};
 
 	memcpy(i.uuid, m->uuid, sizeof(i.uuid));
@@ -615,6 +624,7 @@ static int tc_meta_format(struct tc_cache *c, char **error)
 	r = blkdev_issue_zeroout(c->cache_bdev, m->layout.meta_start,
 				 m->layout.meta_blocks * TC_MBLOCK_SECTORS,
 				 GFP_KERNEL, 0);
+	m->gen = 0;	/* the area is zero: any generation would do */
 	if (!r)
 		r = tc_meta_write_sb(c, 1);
 	if (r) {
@@ -674,9 +684,10 @@ static int tc_meta_load_entry(struct tc_cache *c, u32 s,
 	enum tc_de_result res;
 	int r;
 
-	res = tc_de_decode(d, s, c->nr_blocks, m->committed_seq, &info);
+	res = tc_de_decode(d, s, c->nr_blocks, m->committed_seq, m->gen, &info);
 	switch (res) {
 	case TC_DE_EMPTY:
+	case TC_DE_FOREIGN:	/* another generation's, or leftover bytes */
 	case TC_DE_CLEAN:
 		return 0;
 	case TC_DE_UNCOMMITTED:
@@ -789,6 +800,7 @@ static int tc_meta_load(struct tc_cache *c, struct tc_target *t,
 		return r;
 	m->committed_seq = i->commit_seq;
 	m->open_seq = i->commit_seq + 1;
+	m->gen = i->gen;
 	r = tc_meta_load_entries(c, error);
 	if (r)
 		return r;
@@ -796,6 +808,9 @@ static int tc_meta_load(struct tc_cache *c, struct tc_target *t,
 	if (!m->uuid[0])
 		memcpy(m->uuid, i->uuid, sizeof(m->uuid));
 	m->force_sb = true;	/* a new sequence before any IO */
+	if (i->version != TC_DISK_VERSION)
+		DMINFO("%s: metadata of format version %u: version %u from the first commit",
+		       c->name, i->version, TC_DISK_VERSION);
 	if (t->read_only)
 		return 0;	/* written when a writable table resumes */
 	r = tc_meta_commit(c);
@@ -806,7 +821,7 @@ static int tc_meta_load(struct tc_cache *c, struct tc_target *t,
 
 /*
  * Count the committed dirty entries of a cache about to be formatted, in
- * the layout its superblock describes.
+ * the layout and generation its superblock @i describes.
  */
 static int tc_meta_count_dirty(struct tc_cache *c, const struct tc_sb_info *i,
 			       u64 *dirty)
@@ -829,7 +844,7 @@ static int tc_meta_count_dirty(struct tc_cache *c, const struct tc_sb_info *i,
 			       REQ_OP_READ);
 		for (k = 0; k < n && !r; k++)
 			if (tc_de_decode(buf + k, s + k, U64_MAX, i->commit_seq,
-					 &info) == TC_DE_DIRTY_OK)
+					 i->gen, &info) == TC_DE_DIRTY_OK)
 				(*dirty)++;
 		cond_resched();
 	}
@@ -892,6 +907,7 @@ int tc_meta_open(struct tc_cache *c, struct tc_target *t, char **error)
 
 	BUILD_BUG_ON(sizeof(struct tc_disk_sb) != 512);
 	BUILD_BUG_ON(sizeof(struct tc_disk_entry) != 32);
+	BUILD_BUG_ON(offsetof(struct tc_disk_sb, gen) != 192);
 	BUILD_BUG_ON(TC_MBLOCK_BYTES > PAGE_SIZE);
 
 	tc_disk_layout(bdev_nr_sectors(c->cache_bdev), c->block_sectors,

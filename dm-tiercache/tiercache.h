@@ -197,6 +197,7 @@ struct tc_meta {
 	struct mutex commit_lock;
 	u64 open_seq;			/* the commit new changes go to */
 	u64 committed_seq;
+	u32 gen;			/* format generation (tc_disk.h) */
 	bool force_sb;			/* commit even if nothing changed */
 	bool any_changed;		/* a block is marked in changed */
 	bool suspended;			/* no timer commits */

@@ -4,20 +4,27 @@
  *
  * The input is a cache device image: the superblock in sector 0, the
  * entries from sector TC_META_START.  The superblock is decoded, then
- * every entry the input holds, with the superblock's origin size and
- * commit sequence (or, if it does not decode, values taken from its raw
- * fields, so that the entry decoder is exercised either way).  Last,
+ * every entry the input holds, with the superblock's origin size, commit
+ * sequence and generation (or, if it does not decode, values taken from
+ * its raw fields, so that the entry decoder is exercised either way), and
+ * once more with the entry's own generation word (so that the checks past
+ * the generation test run on most inputs, not only on those where the
+ * fuzzer matched the superblock's generation).  Last,
  * tc_disk_layout runs on a device size and block size taken from the
  * input.  Besides memory and UB errors (ASan, UBSan), the properties the
  * module and the tool rely on are checked, and a violation aborts:
  *
  * - a superblock that decodes has a consistent layout, and encoding what
- *   was decoded gives a superblock that decodes to the same values;
+ *   was decoded gives a superblock that decodes to the same values, as
+ *   the current version (a version 1 superblock has generation 0);
  * - an entry that decodes as clean, dirty or uncommitted is exactly what
  *   tc_de_encode writes for its fields (nothing else is accepted), and the
  *   result agrees with the fields (dirty flag, block below the origin,
  *   sequence against the commit);
- * - an all-zero entry is empty and nothing else is;
+ * - an all-zero entry is empty and nothing else is; a non-zero entry is
+ *   foreign exactly when its generation or slot word differs from the
+ *   generation and slot it is decoded for, and garbage is never more than
+ *   foreign unless it holds both;
  * - a layout fits the device and is block aligned, and (for device sizes
  *   below 2^54 sectors) one more slot would not fit.
  *
@@ -84,9 +91,13 @@ static void fuzz_sb(const struct tc_disk_sb *sb, struct tc_sb_info *out,
 	FUZZ_ASSERT(i.layout.nr_slots <= (1ULL << 32));
 	FUZZ_ASSERT(i.origin_sectors > 0);
 	FUZZ_ASSERT(memchr(i.uuid, 0, sizeof(i.uuid)) != NULL);
+	FUZZ_ASSERT(i.version == TC_DISK_VERSION ||
+		    i.version == TC_DISK_VERSION_V1);
+	FUZZ_ASSERT(i.version != TC_DISK_VERSION_V1 || i.gen == 0);
 
 	tc_sb_encode(&again, &i);
 	FUZZ_ASSERT(tc_sb_decode(&again, &j) == TC_SB_OK);
+	FUZZ_ASSERT(j.version == TC_DISK_VERSION && j.gen == i.gen);
 	FUZZ_ASSERT(j.commit_seq == i.commit_seq);
 	FUZZ_ASSERT(j.origin_sectors == i.origin_sectors);
 	FUZZ_ASSERT(!memcmp(&j.layout, &i.layout, sizeof(i.layout)));
@@ -95,18 +106,22 @@ static void fuzz_sb(const struct tc_disk_sb *sb, struct tc_sb_info *out,
 }
 
 static void fuzz_entry(const struct tc_disk_entry *d, u64 slot,
-		       u64 nr_blocks, u64 commit_seq)
+		       u64 nr_blocks, u64 commit_seq, u32 gen)
 {
 	static const struct tc_disk_entry zero;
 	struct tc_disk_entry again;
 	struct tc_de_info i;
 	enum tc_de_result r;
+	bool is_zero = !memcmp(d, &zero, sizeof(zero));
+	bool ours = le32toh(d->gen) == gen && le32toh(d->slot) == (u32)slot;
 
 	memset(&i, 0, sizeof(i));
-	r = tc_de_decode(d, slot, nr_blocks, commit_seq, &i);
+	r = tc_de_decode(d, slot, nr_blocks, commit_seq, gen, &i);
 	FUZZ_ASSERT(r <= TC_DE_BAD_BLOCK);
 	FUZZ_ASSERT(tc_de_result_str(r) != NULL);
-	FUZZ_ASSERT((r == TC_DE_EMPTY) == !memcmp(d, &zero, sizeof(zero)));
+	FUZZ_ASSERT((r == TC_DE_EMPTY) == is_zero);
+	FUZZ_ASSERT((r == TC_DE_FOREIGN) == (!is_zero && !ours));
+	FUZZ_ASSERT(tc_de_free(r) == (is_zero || !ours));
 	switch (r) {
 	case TC_DE_CLEAN:
 	case TC_DE_DIRTY_OK:
@@ -116,7 +131,7 @@ static void fuzz_entry(const struct tc_disk_entry *d, u64 slot,
 		FUZZ_ASSERT(r != TC_DE_DIRTY_OK || i.dirty);
 		FUZZ_ASSERT(r != TC_DE_CLEAN || !i.dirty);
 		/* only the encoder's own output is accepted */
-		tc_de_encode(&again, slot, i.block, i.dirty, i.seq);
+		tc_de_encode(&again, slot, i.block, i.dirty, i.seq, gen);
 		FUZZ_ASSERT(!memcmp(&again, d, sizeof(again)));
 		break;
 	case TC_DE_BAD_BLOCK:
@@ -169,6 +184,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct tc_sb_info info;
 	enum tc_sb_result res;
 	u64 nr_blocks, commit_seq, nr_slots, slot;
+	u32 gen;
 
 	/* the superblock sector, zero padded like the end of a short device */
 	memset(&sb, 0, sizeof(sb));
@@ -178,6 +194,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (res == TC_SB_OK) {
 		nr_blocks = info.origin_sectors / info.layout.block_sectors;
 		commit_seq = info.commit_seq;
+		gen = info.gen;
 		nr_slots = info.layout.nr_slots;
 	} else {
 		/* the raw fields, whatever they hold */
@@ -187,6 +204,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (bs)
 			nr_blocks /= bs;
 		commit_seq = get_le64((const uint8_t *)&sb.commit_seq);
+		gen = get_le32((const uint8_t *)&sb.gen);
 		nr_slots = get_le64((const uint8_t *)&sb.nr_slots);
 	}
 
@@ -198,7 +216,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (off + sizeof(d) > size || off < meta_off)
 			break;
 		memcpy(&d, data + off, sizeof(d));
-		fuzz_entry(&d, slot, nr_blocks, commit_seq);
+		fuzz_entry(&d, slot, nr_blocks, commit_seq, gen);
+		fuzz_entry(&d, slot, nr_blocks, commit_seq, le32toh(d.gen));
 	}
 
 	/* the layout, on a device size and block size from the input */

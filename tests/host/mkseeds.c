@@ -4,8 +4,10 @@
  * encoder (dm-tiercache/tc_disk.c), cut after the entry area (the slot data
  * does not matter to the decoder).  Most are valid; a few carry a wrong
  * value under a valid checksum (an unknown version, impossible fields,
- * entries with a wrong slot, flags or reserved word, blocks beyond the
- * origin), which random mutation alone rarely produces.
+ * entries with a wrong slot, flags or generation, blocks beyond the
+ * origin), which random mutation alone rarely produces.  Also: a version 1
+ * image (generation 0), entries of the previous generation among the
+ * current ones, and an entry area full of garbage around valid entries.
  *
  *   mkseeds DIR
  */
@@ -26,7 +28,10 @@ enum spoil {
 	SPOIL_NONE,
 	SPOIL_SB_VERSION,	/* an unknown version */
 	SPOIL_SB_FIELDS,	/* data_start off by a block */
-	SPOIL_ENTRIES,		/* wrong slot, bad flags, reserved set */
+	SPOIL_ENTRIES,		/* wrong slot, bad flags, other generation */
+	SPOIL_V1,		/* version 1: generation 0 */
+	SPOIL_OLD_GEN,		/* every other entry of the previous gen */
+	SPOIL_GARBAGE,		/* random bytes in the free entries */
 };
 
 static void sb_resum(struct tc_disk_sb *sb)
@@ -41,10 +46,31 @@ static void de_resum(struct tc_disk_entry *d)
 	d->csum = cpu_to_le32(tc_disk_crc(d, sizeof(*d)));
 }
 
+/* Random bytes in every all-zero entry (xorshift64, fixed seed). */
+static void fill_garbage(struct tc_disk_entry *de, u64 nr)
+{
+	static const struct tc_disk_entry zero;
+	u64 x = 0x2545f4914f6cdd1dull, k;
+	size_t b;
+
+	for (k = 0; k < nr; k++) {
+		unsigned char *p = (unsigned char *)&de[k];
+
+		if (memcmp(&de[k], &zero, sizeof(zero)))
+			continue;
+		for (b = 0; b < sizeof(zero); b++) {
+			x ^= x << 13;
+			x ^= x >> 7;
+			x ^= x << 17;
+			p[b] = (unsigned char)x;
+		}
+	}
+}
+
 static int write_seed(const char *dir, const char *name, u64 cache_sectors,
 		      u32 block_sectors, u64 origin_sectors, u64 commit_seq,
-		      const char *uuid, const struct seed_entry *e, int n,
-		      enum spoil spoil)
+		      u32 gen, const char *uuid, const struct seed_entry *e,
+		      int n, enum spoil spoil)
 {
 	struct tc_disk_sb *sb;
 	struct tc_disk_entry *de;
@@ -62,6 +88,7 @@ static int write_seed(const char *dir, const char *name, u64 cache_sectors,
 	}
 	i.commit_seq = commit_seq;
 	i.origin_sectors = origin_sectors;
+	i.gen = spoil == SPOIL_V1 ? 0 : gen;
 	snprintf(i.uuid, sizeof(i.uuid), "%s", uuid);
 	len = (i.layout.meta_start + i.layout.meta_blocks * TC_MBLOCK_SECTORS) *
 	      512;
@@ -73,7 +100,8 @@ static int write_seed(const char *dir, const char *name, u64 cache_sectors,
 	tc_sb_encode(sb, &i);
 	for (k = 0; k < n; k++)
 		tc_de_encode(&de[e[k].slot], e[k].slot, e[k].block, e[k].dirty,
-			     e[k].seq);
+			     e[k].seq, spoil == SPOIL_OLD_GEN && k % 2 ?
+			     i.gen - 1 : i.gen);
 	switch (spoil) {
 	case SPOIL_NONE:
 		break;
@@ -93,8 +121,17 @@ static int write_seed(const char *dir, const char *name, u64 cache_sectors,
 		de_resum(&de[e[0].slot]);
 		de[e[1].slot].flags = cpu_to_le32(TC_DE_DIRTY);
 		de_resum(&de[e[1].slot]);
-		de[e[2].slot].reserved = cpu_to_le32(1);
+		de[e[2].slot].gen = cpu_to_le32(i.gen + 1);
 		de_resum(&de[e[2].slot]);
+		break;
+	case SPOIL_V1:
+		sb->version = cpu_to_le32(TC_DISK_VERSION_V1);
+		sb_resum(sb);
+		break;
+	case SPOIL_OLD_GEN:
+		break;
+	case SPOIL_GARBAGE:
+		fill_garbage(de, i.layout.meta_blocks * TC_ENTRIES_PER_MBLOCK);
 		break;
 	}
 	snprintf(path, sizeof(path), "%s/%s", dir, name);
@@ -125,22 +162,28 @@ int main(int argc, char **argv)
 	int r = 0;
 
 #define N(a) (int)(sizeof(a) / sizeof((a)[0]))
-	r |= write_seed(dir, "empty", 1024, 8, 8192, 1, "TIERCACHE-a", NULL, 0,
-			SPOIL_NONE);
-	r |= write_seed(dir, "mixed", 1024, 8, 16384, 7, "TIERCACHE-t",
-			mixed, N(mixed), SPOIL_NONE);
-	r |= write_seed(dir, "two-mblocks", 2200, 8, 1 << 20, 3, "",
+	r |= write_seed(dir, "empty", 1024, 8, 8192, 1, 0x11111111,
+			"TIERCACHE-a", NULL, 0, SPOIL_NONE);
+	r |= write_seed(dir, "mixed", 1024, 8, 16384, 7, 0x8badf00d,
+			"TIERCACHE-t", mixed, N(mixed), SPOIL_NONE);
+	r |= write_seed(dir, "two-mblocks", 2200, 8, 1 << 20, 3, 1, "",
 			two_blocks, N(two_blocks), SPOIL_NONE);
-	r |= write_seed(dir, "big-blocks", 16384, 2048, 1 << 22, 1,
+	r |= write_seed(dir, "big-blocks", 16384, 2048, 1 << 22, 1, 0xffffffff,
 			"TIERCACHE-big", big, N(big), SPOIL_NONE);
 	/* origin of 8 blocks: the entries of blocks 10 and up are beyond it */
-	r |= write_seed(dir, "block16", 4096, 16, 128, 12, "TIERCACHE-x",
-			mixed, 4, SPOIL_NONE);
-	r |= write_seed(dir, "bad-version", 1024, 8, 16384, 7, "TIERCACHE-t",
-			mixed, N(mixed), SPOIL_SB_VERSION);
-	r |= write_seed(dir, "bad-fields", 1024, 8, 16384, 7, "TIERCACHE-t",
-			mixed, N(mixed), SPOIL_SB_FIELDS);
-	r |= write_seed(dir, "bad-entries", 1024, 8, 16384, 7, "TIERCACHE-t",
-			mixed, N(mixed), SPOIL_ENTRIES);
+	r |= write_seed(dir, "block16", 4096, 16, 128, 12, 0x7e57,
+			"TIERCACHE-x", mixed, 4, SPOIL_NONE);
+	r |= write_seed(dir, "bad-version", 1024, 8, 16384, 7, 0x8badf00d,
+			"TIERCACHE-t", mixed, N(mixed), SPOIL_SB_VERSION);
+	r |= write_seed(dir, "bad-fields", 1024, 8, 16384, 7, 0x8badf00d,
+			"TIERCACHE-t", mixed, N(mixed), SPOIL_SB_FIELDS);
+	r |= write_seed(dir, "bad-entries", 1024, 8, 16384, 7, 0x8badf00d,
+			"TIERCACHE-t", mixed, N(mixed), SPOIL_ENTRIES);
+	r |= write_seed(dir, "v1", 1024, 8, 16384, 7, 0, "TIERCACHE-t",
+			mixed, N(mixed), SPOIL_V1);
+	r |= write_seed(dir, "old-gen", 1024, 8, 16384, 7, 0x8badf00d,
+			"TIERCACHE-t", mixed, N(mixed), SPOIL_OLD_GEN);
+	r |= write_seed(dir, "garbage", 2200, 8, 1 << 20, 3, 0x600d, "",
+			two_blocks, N(two_blocks), SPOIL_GARBAGE);
 	return r ? 1 : 0;
 }

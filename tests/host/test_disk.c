@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 /* Host tests of the on-disk format code (dm-tiercache/tc_disk.c). */
 #include <assert.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,12 @@ static void test_sizes(void)
 	CHECK(sizeof(struct tc_disk_sb) == 512);
 	CHECK(sizeof(struct tc_disk_entry) == 32);
 	CHECK(TC_ENTRIES_PER_MBLOCK == 128);
+	/* version 2 took the first reserved words: nothing else moved */
+	CHECK(offsetof(struct tc_disk_sb, uuid) == 64);
+	CHECK(offsetof(struct tc_disk_sb, gen) == 192);
+	CHECK(offsetof(struct tc_disk_sb, reserved) == 196);
+	CHECK(offsetof(struct tc_disk_entry, csum) == 24);
+	CHECK(offsetof(struct tc_disk_entry, gen) == 28);
 }
 
 static void test_crc(void)
@@ -68,7 +75,31 @@ static void sample_sb(struct tc_sb_info *i)
 	tc_disk_layout(1 << 20, 8, &i->layout);
 	i->commit_seq = 42;
 	i->origin_sectors = 1 << 21;
+	i->gen = 0xc0ffee01;
 	strcpy(i->uuid, "TIERCACHE-test");
+}
+
+static void sb_resum(struct tc_disk_sb *sb)
+{
+	sb->csum = 0;
+	sb->csum = cpu_to_le32(tc_disk_crc(sb, sizeof(*sb)));
+}
+
+static void de_resum(struct tc_disk_entry *d)
+{
+	d->csum = 0;
+	d->csum = cpu_to_le32(tc_disk_crc(d, sizeof(*d)));
+}
+
+/* A small deterministic generator (xorshift64) for garbage bytes. */
+static u64 rnd_state = 0x9e3779b97f4a7c15ull;
+
+static u64 rnd64(void)
+{
+	rnd_state ^= rnd_state << 13;
+	rnd_state ^= rnd_state >> 7;
+	rnd_state ^= rnd_state << 17;
+	return rnd_state;
 }
 
 static void test_sb(void)
@@ -81,6 +112,8 @@ static void test_sb(void)
 	sample_sb(&in);
 	tc_sb_encode(&sb, &in);
 	CHECK(tc_sb_decode(&sb, &out) == TC_SB_OK);
+	CHECK(le32_to_cpu(sb.version) == TC_DISK_VERSION && TC_DISK_VERSION == 2);
+	CHECK(out.version == TC_DISK_VERSION && out.gen == 0xc0ffee01);
 	CHECK(out.commit_seq == 42 && out.origin_sectors == 1 << 21);
 	CHECK(out.layout.nr_slots == in.layout.nr_slots);
 	CHECK(out.layout.data_start == in.layout.data_start);
@@ -103,59 +136,216 @@ static void test_sb(void)
 	memset(&sb, 0, sizeof(sb));
 	CHECK(tc_sb_decode(&sb, &out) == TC_SB_BLANK);
 
-	/* a newer version with a valid checksum */
+	/* a newer version, and version 0, with a valid checksum */
 	tc_sb_encode(&sb, &in);
-	sb.version = cpu_to_le32(2);
-	sb.csum = 0;
-	sb.csum = cpu_to_le32(tc_disk_crc(&sb, sizeof(sb)));
+	sb.version = cpu_to_le32(TC_DISK_VERSION + 1);
+	sb_resum(&sb);
+	CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_VERSION);
+	sb.version = 0;
+	sb_resum(&sb);
 	CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_VERSION);
 
 	/* impossible geometry with a valid checksum */
 	tc_sb_encode(&sb, &in);
 	sb.data_start = cpu_to_le64(le64_to_cpu(sb.data_start) + 8);
-	sb.csum = 0;
-	sb.csum = cpu_to_le32(tc_disk_crc(&sb, sizeof(sb)));
+	sb_resum(&sb);
+	CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_FIELDS);
+
+	/* the rest of the reserved area must stay zero */
+	tc_sb_encode(&sb, &in);
+	sb.reserved[0] = 1;
+	sb_resum(&sb);
+	CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_FIELDS);
+
+	/* generation 0 is valid in version 2 (an upgraded version 1 cache) */
+	in.gen = 0;
+	tc_sb_encode(&sb, &in);
+	CHECK(tc_sb_decode(&sb, &out) == TC_SB_OK && out.gen == 0);
+}
+
+/*
+ * A version 1 superblock: what the version 1 code wrote (the generation
+ * word was reserved, zero) decodes as generation 0; a non-zero word there
+ * is a bad field in version 1.
+ */
+static void test_sb_v1(void)
+{
+	struct tc_sb_info in, out;
+	struct tc_disk_sb sb;
+
+	sample_sb(&in);
+	in.gen = 0;
+	tc_sb_encode(&sb, &in);
+	sb.version = cpu_to_le32(TC_DISK_VERSION_V1);
+	sb_resum(&sb);
+	CHECK(tc_sb_decode(&sb, &out) == TC_SB_OK);
+	CHECK(out.version == 1 && out.gen == 0 && out.commit_seq == 42);
+	CHECK(out.layout.nr_slots == in.layout.nr_slots);
+
+	/* re-encoded: version 2, generation 0, the same fields */
+	tc_sb_encode(&sb, &out);
+	CHECK(le32_to_cpu(sb.version) == 2);
+	CHECK(tc_sb_decode(&sb, &in) == TC_SB_OK);
+	CHECK(in.version == 2 && in.gen == 0 && in.commit_seq == 42);
+
+	tc_sb_encode(&sb, &out);
+	sb.version = cpu_to_le32(TC_DISK_VERSION_V1);
+	sb.gen = cpu_to_le32(5);
+	sb_resum(&sb);
 	CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_FIELDS);
 }
 
 static void test_entries(void)
 {
+	const u32 g = 0x1234abcd;
 	struct tc_disk_entry d;
 	struct tc_de_info i;
 	unsigned char *raw = (unsigned char *)&d;
 	size_t k;
 
 	tc_de_encode_empty(&d);
-	CHECK(tc_de_decode(&d, 5, 100, 10, &i) == TC_DE_EMPTY);
+	CHECK(tc_de_decode(&d, 5, 100, 10, g, &i) == TC_DE_EMPTY);
+	CHECK(tc_de_decode(&d, 5, 100, 10, 0, &i) == TC_DE_EMPTY);
+	CHECK(tc_de_free(TC_DE_EMPTY) && tc_de_free(TC_DE_FOREIGN));
+	CHECK(!tc_de_free(TC_DE_CLEAN) && !tc_de_free(TC_DE_BAD_CSUM));
 
-	tc_de_encode(&d, 5, 77, true, 10);
-	CHECK(tc_de_decode(&d, 5, 100, 10, &i) == TC_DE_DIRTY_OK);
+	tc_de_encode(&d, 5, 77, true, 10, g);
+	CHECK(le32_to_cpu(d.gen) == g);
+	CHECK(tc_de_decode(&d, 5, 100, 10, g, &i) == TC_DE_DIRTY_OK);
 	CHECK(i.block == 77 && i.seq == 10 && i.dirty);
-	CHECK(tc_de_decode(&d, 6, 100, 10, &i) == TC_DE_BAD_SLOT);
-	CHECK(tc_de_decode(&d, 5, 77, 10, &i) == TC_DE_BAD_BLOCK);
-	CHECK(tc_de_decode(&d, 5, 100, 9, &i) == TC_DE_UNCOMMITTED);
+	CHECK(tc_de_decode(&d, 5, 77, 10, g, &i) == TC_DE_BAD_BLOCK);
+	CHECK(tc_de_decode(&d, 5, 100, 9, g, &i) == TC_DE_UNCOMMITTED);
 
-	tc_de_encode(&d, 5, 77, false, 3);
-	CHECK(tc_de_decode(&d, 5, 100, 10, &i) == TC_DE_CLEAN);
+	tc_de_encode(&d, 5, 77, false, 3, g);
+	CHECK(tc_de_decode(&d, 5, 100, 10, g, &i) == TC_DE_CLEAN);
 	CHECK(!i.dirty);
 
+	/*
+	 * Every flipped byte: in the slot or generation word the entry is no
+	 * longer of this slot and generation (foreign); anywhere else it is
+	 * ours and its checksum fails.
+	 */
 	for (k = 0; k < sizeof(d); k++) {
-		tc_de_encode(&d, 5, 77, true, 10);
+		bool id = (k >= offsetof(struct tc_disk_entry, slot) &&
+			   k < offsetof(struct tc_disk_entry, slot) + 4) ||
+			  k >= offsetof(struct tc_disk_entry, gen);
+
+		tc_de_encode(&d, 5, 77, true, 10, g);
 		raw[k] ^= 0x01;
-		CHECK(tc_de_decode(&d, 5, 100, 10, &i) == TC_DE_BAD_CSUM);
+		CHECK(tc_de_decode(&d, 5, 100, 10, g, &i) ==
+		      (id ? TC_DE_FOREIGN : TC_DE_BAD_CSUM));
 	}
 
-	/* dirty without valid, unknown bits, reserved: checksummed but wrong */
-	tc_de_encode(&d, 5, 77, true, 10);
+	/* dirty without valid, unknown bits: checksummed but wrong */
+	tc_de_encode(&d, 5, 77, true, 10, g);
 	d.flags = cpu_to_le32(TC_DE_DIRTY);
-	d.csum = 0;
-	d.csum = cpu_to_le32(tc_disk_crc(&d, sizeof(d)));
-	CHECK(tc_de_decode(&d, 5, 100, 10, &i) == TC_DE_BAD_FLAGS);
-	tc_de_encode(&d, 5, 77, true, 10);
-	d.reserved = cpu_to_le32(1);
-	d.csum = 0;
-	d.csum = cpu_to_le32(tc_disk_crc(&d, sizeof(d)));
-	CHECK(tc_de_decode(&d, 5, 100, 10, &i) == TC_DE_BAD_FLAGS);
+	de_resum(&d);
+	CHECK(tc_de_decode(&d, 5, 100, 10, g, &i) == TC_DE_BAD_FLAGS);
+	tc_de_encode(&d, 5, 77, true, 10, g);
+	d.flags = cpu_to_le32(TC_DE_VALID | 8);
+	de_resum(&d);
+	CHECK(tc_de_decode(&d, 5, 100, 10, g, &i) == TC_DE_BAD_FLAGS);
+}
+
+/*
+ * Entries of other generations or slots: foreign, whatever else they say
+ * (a valid dirty entry of the previous generation included), and written
+ * again with this generation they are ours.
+ */
+static void test_foreign(void)
+{
+	const u32 g = 0x1234abcd;
+	struct tc_disk_entry d;
+	struct tc_de_info i;
+
+	/* the previous generation's committed dirty entry */
+	tc_de_encode(&d, 5, 77, true, 10, g - 1);
+	CHECK(tc_de_decode(&d, 5, 100, 10, g - 1, &i) == TC_DE_DIRTY_OK);
+	CHECK(tc_de_decode(&d, 5, 100, 10, g, &i) == TC_DE_FOREIGN);
+	CHECK(tc_de_decode(&d, 5, 100, 10, 0, &i) == TC_DE_FOREIGN);
+	/* of this generation, but another slot's (misplaced) */
+	tc_de_encode(&d, 5, 77, true, 10, g);
+	CHECK(tc_de_decode(&d, 6, 100, 10, g, &i) == TC_DE_FOREIGN);
+	CHECK(tc_de_decode(&d, 5 + (1ull << 32), 100, 10, g, &i) ==
+	      TC_DE_DIRTY_OK);	/* slot numbers are 32-bit on disk */
+	/* foreign before anything else: a bad checksum or flags too */
+	tc_de_encode(&d, 5, 77, true, 10, g - 1);
+	d.csum ^= cpu_to_le32(1);
+	d.flags = cpu_to_le32(0xff);
+	CHECK(tc_de_decode(&d, 5, 1, 10, g, &i) == TC_DE_FOREIGN);
+	/* rewritten for this generation */
+	tc_de_encode(&d, 5, 77, true, 10, g);
+	CHECK(tc_de_decode(&d, 5, 100, 10, g, &i) == TC_DE_DIRTY_OK);
+	CHECK(tc_de_decode(&d, 5, 100, 10, g - 1, &i) == TC_DE_FOREIGN);
+}
+
+/*
+ * Version 1 entries (reserved word 0, no generation) are the entries of
+ * generation 0, bit for bit.
+ */
+static void test_v1_entries(void)
+{
+	struct tc_disk_entry d, v1;
+	struct tc_de_info i;
+
+	memset(&v1, 0, sizeof(v1));
+	v1.block = cpu_to_le64(77);
+	v1.seq = cpu_to_le64(10);
+	v1.slot = cpu_to_le32(5);
+	v1.flags = cpu_to_le32(TC_DE_VALID | TC_DE_DIRTY);
+	de_resum(&v1);
+	tc_de_encode(&d, 5, 77, true, 10, 0);
+	CHECK(!memcmp(&d, &v1, sizeof(d)));
+	CHECK(tc_de_decode(&v1, 5, 100, 10, 0, &i) == TC_DE_DIRTY_OK);
+	CHECK(i.block == 77 && i.seq == 10 && i.dirty);
+	CHECK(tc_de_decode(&v1, 5, 100, 10, 1, &i) == TC_DE_FOREIGN);
+	/* a corrupt version 1 entry still fails the load */
+	v1.block ^= cpu_to_le64(4);
+	CHECK(tc_de_decode(&v1, 5, 100, 10, 0, &i) == TC_DE_BAD_CSUM);
+}
+
+static void garbage(struct tc_disk_entry *d)
+{
+	u64 w[4];
+	size_t k;
+
+	assert(sizeof(w) == sizeof(*d));
+	for (k = 0; k < 4; k++)
+		w[k] = rnd64();
+	memcpy(d, w, sizeof(*d));
+}
+
+/*
+ * An entry area full of garbage (a device used for something else
+ * before): every entry reads as foreign, none as corrupt, under any
+ * generation but the one the garbage happens to hold.  Then the same with
+ * garbage that copies the slot numbers, and garbage of generation g with
+ * the slot numbers: ours, and corrupt.
+ */
+static void test_garbage(void)
+{
+	const u32 g = 0x5eed0001;
+	struct tc_disk_entry d;
+	struct tc_de_info i;
+	unsigned int nr[TC_DE_BAD_BLOCK + 1] = { 0 };
+	u64 s;
+
+	for (s = 0; s < 1000000; s++) {
+		garbage(&d);
+		nr[tc_de_decode(&d, s, ~0ull, ~0ull, g, &i)]++;
+		d.slot = cpu_to_le32((u32)s);
+		nr[tc_de_decode(&d, s, ~0ull, ~0ull, g, &i)]++;
+	}
+	CHECK(nr[TC_DE_FOREIGN] == 2000000);
+
+	memset(nr, 0, sizeof(nr));
+	for (s = 0; s < 1000; s++) {
+		garbage(&d);
+		d.slot = cpu_to_le32((u32)s);
+		d.gen = cpu_to_le32(g);
+		nr[tc_de_decode(&d, s, ~0ull, ~0ull, g, &i)]++;
+	}
+	CHECK(nr[TC_DE_BAD_CSUM] == 1000);
 }
 
 int main(void)
@@ -164,7 +354,11 @@ int main(void)
 	test_crc();
 	test_layout();
 	test_sb();
+	test_sb_v1();
 	test_entries();
+	test_foreign();
+	test_v1_entries();
+	test_garbage();
 	if (failures) {
 		fprintf(stderr, "test_disk: %d failure(s)\n", failures);
 		return 1;
