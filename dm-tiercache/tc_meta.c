@@ -45,14 +45,16 @@
  * commit with nothing to do does not even flush the cache device) or while
  * the table is read-only.
  *
- * Entries of another format generation (tc_disk.h) read as empty
- * (foreign).  A commit rewrites a foreign entry only when its slot is to
- * hold a block; one that should be empty is right as it is.  Every
- * superblock written is of the current version: a version 1 cache
- * (generation 0) is upgraded by its first commit.
+ * A format writes the superblock only, with a new format generation
+ * (tc_disk.h): entries of other generations, and whatever else the entry
+ * area holds, read as empty (foreign).  A commit rewrites a foreign entry
+ * only when its slot is to hold a block; one that should be empty is
+ * right as it is.  Every superblock written is of the current version: a
+ * version 1 cache (generation 0) is upgraded by its first commit.
  */
 #include <linux/vmalloc.h>
 #include <linux/slab.h>
+#include <linux/random.h>
 
 #include "tiercache.h"
 
@@ -616,17 +618,37 @@ int tc_meta_close(struct tc_cache *c)
 	return tc_meta_commit(c);
 }
 
-static int tc_meta_format(struct tc_cache *c, char **error)
+/*
+ * The generation of a new format: the one after the generation of the
+ * valid superblock @old (its entries, and those of every earlier format,
+ * then read as foreign), or a random one if the device holds no valid
+ * superblock (@old NULL).  Never 0, the generation of version 1 caches.
+ */
+static u32 tc_meta_new_gen(const struct tc_sb_info *old)
+{
+	u32 gen;
+
+	if (old)
+		return old->gen + 1 ?: 1;
+	do {
+		gen = get_random_u32();
+	} while (!gen);
+	return gen;
+}
+
+/*
+ * Format: write a superblock of a new generation, with commit sequence 1.
+ * The entry area is not touched: what it holds reads as empty.  @old is
+ * the valid superblock the device holds, or NULL.
+ */
+static int tc_meta_format(struct tc_cache *c, const struct tc_sb_info *old,
+			  char **error)
 {
 	struct tc_meta *m = &c->meta;
 	int r;
 
-	r = blkdev_issue_zeroout(c->cache_bdev, m->layout.meta_start,
-				 m->layout.meta_blocks * TC_MBLOCK_SECTORS,
-				 GFP_KERNEL, 0);
-	m->gen = 0;	/* the area is zero: any generation would do */
-	if (!r)
-		r = tc_meta_write_sb(c, 1);
+	m->gen = tc_meta_new_gen(old);
+	r = tc_meta_write_sb(c, 1);
 	if (r) {
 		*error = "Cannot format the cache device (write error)";
 		DMERR("%s: formatting the cache device failed: %d", c->name, r);
@@ -634,8 +656,8 @@ static int tc_meta_format(struct tc_cache *c, char **error)
 	}
 	m->committed_seq = 1;
 	m->open_seq = 2;
-	DMINFO("%s: formatted the cache device: %llu slots, data from sector %llu",
-	       c->name, m->layout.nr_slots, m->layout.data_start);
+	DMINFO("%s: formatted the cache device: %llu slots, data from sector %llu, generation %u",
+	       c->name, m->layout.nr_slots, m->layout.data_start, m->gen);
 	return 0;
 }
 
@@ -943,7 +965,7 @@ int tc_meta_open(struct tc_cache *c, struct tc_target *t, char **error)
 	if (res == TC_SB_OK && !t->args.format)
 		return tc_meta_load(c, t, &i, error);
 	if (t->args.format)
-		return tc_meta_format(c, error);
+		return tc_meta_format(c, res == TC_SB_OK ? &i : NULL, error);
 	if (res == TC_SB_BLANK)
 		*error = "No tiercache superblock on the cache device: add the 'format' feature argument to create a new cache";
 	else
