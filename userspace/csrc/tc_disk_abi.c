@@ -14,3 +14,5 @@ const u64 tc_abi_sb_size = sizeof(struct tc_disk_sb);
 const u64 tc_abi_entry_size = sizeof(struct tc_disk_entry);
 const u64 tc_abi_sb_uuid_offset = offsetof(struct tc_disk_sb, uuid);
 const u64 tc_abi_entry_csum_offset = offsetof(struct tc_disk_entry, csum);
+const u64 tc_abi_sb_gen_offset = offsetof(struct tc_disk_sb, gen);
+const u64 tc_abi_entry_gen_offset = offsetof(struct tc_disk_entry, gen);

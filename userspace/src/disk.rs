@@ -36,7 +36,8 @@ pub const ENTRY_BYTES: usize = std::mem::size_of::<ffi::tc_disk_entry>();
 pub const MBLOCK_BYTES: usize = ffi::TC_MBLOCK_BYTES as usize;
 /// Sectors reserved for the superblock at the start of the device.
 pub const SB_SECTORS: u64 = ffi::TC_SB_SECTORS as u64;
-/// The format version this tool reads and writes.
+/// The format version the module writes (the tool also reads version 1,
+/// as format generation 0).
 pub const VERSION: u32 = ffi::TC_DISK_VERSION;
 
 /// Entries in one metadata block (TC_ENTRIES_PER_MBLOCK, from C).
@@ -172,6 +173,11 @@ pub struct Superblock {
     pub origin_sectors: u64,
     /// The dm uuid of the device the cache belongs to; empty: any.
     pub uuid: String,
+    /// The format version read (1 or 2; the module writes 2).
+    pub version: u32,
+    /// The format generation: only entries of this generation (naming
+    /// their own slot) are this cache's; version 1 reads as 0.
+    pub generation: u32,
 }
 
 impl Superblock {
@@ -215,18 +221,25 @@ pub fn decode_sb(raw: &[u8]) -> (SbState, Option<Superblock>) {
             commit_seq: i.commit_seq,
             origin_sectors: i.origin_sectors,
             uuid: String::from_utf8_lossy(&uuid).into_owned(),
+            version: i.version,
+            generation: i.gen_,
         }),
     )
 }
 
-/// Encode a superblock (`tc_sb_encode`).  The uuid is cut at 128 bytes.
-/// The tool never writes a superblock (the module formats): for tests.
+/// Encode a superblock (`tc_sb_encode`, which writes the current
+/// version).  The uuid is cut at 128 bytes.  `version` 1 gives what the
+/// version 1 code wrote: the version field and checksum are redone (the
+/// generation must be 0).  The tool never writes a superblock (the module
+/// formats): for tests.
 #[cfg(test)]
 pub fn encode_sb(s: &Superblock) -> [u8; SB_BYTES] {
     let mut i = ffi::tc_sb_info {
         layout: s.layout.to_c(),
         commit_seq: s.commit_seq,
         origin_sectors: s.origin_sectors,
+        version: s.version,
+        gen_: s.generation,
         uuid: [0; ffi::TC_UUID_BYTES as usize + 1],
     };
     for (d, c) in i
@@ -248,6 +261,14 @@ pub fn encode_sb(s: &Superblock) -> [u8; SB_BYTES] {
             SB_BYTES,
         )
     };
+    if s.version != VERSION {
+        let v = std::mem::offset_of!(ffi::tc_disk_sb, version);
+        let c = std::mem::offset_of!(ffi::tc_disk_sb, csum);
+        out[v..v + 4].copy_from_slice(&s.version.to_le_bytes());
+        out[c..c + 4].fill(0);
+        let sum = crc(&out);
+        out[c..c + 4].copy_from_slice(&sum.to_le_bytes());
+    }
     out
 }
 
@@ -260,11 +281,13 @@ pub fn encode_sb(s: &Superblock) -> [u8; SB_BYTES] {
 #[serde(rename_all = "snake_case")]
 pub enum EntryState {
     Empty,
+    /// Of another format generation, or not naming its own slot (an
+    /// earlier format's entry, or bytes the device held before): empty.
+    Foreign,
     Clean,
     Dirty,
     Uncommitted,
     BadCsum,
-    BadSlot,
     BadFlags,
     BadBlock,
 }
@@ -273,11 +296,11 @@ impl EntryState {
     fn from_c(r: ffi::tc_de_result) -> EntryState {
         match r {
             ffi::tc_de_result::TC_DE_EMPTY => EntryState::Empty,
+            ffi::tc_de_result::TC_DE_FOREIGN => EntryState::Foreign,
             ffi::tc_de_result::TC_DE_CLEAN => EntryState::Clean,
             ffi::tc_de_result::TC_DE_DIRTY_OK => EntryState::Dirty,
             ffi::tc_de_result::TC_DE_UNCOMMITTED => EntryState::Uncommitted,
             ffi::tc_de_result::TC_DE_BAD_CSUM => EntryState::BadCsum,
-            ffi::tc_de_result::TC_DE_BAD_SLOT => EntryState::BadSlot,
             ffi::tc_de_result::TC_DE_BAD_FLAGS => EntryState::BadFlags,
             _ => EntryState::BadBlock,
         }
@@ -285,11 +308,11 @@ impl EntryState {
     fn to_c(self) -> ffi::tc_de_result {
         match self {
             EntryState::Empty => ffi::tc_de_result::TC_DE_EMPTY,
+            EntryState::Foreign => ffi::tc_de_result::TC_DE_FOREIGN,
             EntryState::Clean => ffi::tc_de_result::TC_DE_CLEAN,
             EntryState::Dirty => ffi::tc_de_result::TC_DE_DIRTY_OK,
             EntryState::Uncommitted => ffi::tc_de_result::TC_DE_UNCOMMITTED,
             EntryState::BadCsum => ffi::tc_de_result::TC_DE_BAD_CSUM,
-            EntryState::BadSlot => ffi::tc_de_result::TC_DE_BAD_SLOT,
             EntryState::BadFlags => ffi::tc_de_result::TC_DE_BAD_FLAGS,
             EntryState::BadBlock => ffi::tc_de_result::TC_DE_BAD_BLOCK,
         }
@@ -302,11 +325,11 @@ impl EntryState {
     pub fn as_str(self) -> &'static str {
         match self {
             EntryState::Empty => "empty",
+            EntryState::Foreign => "foreign",
             EntryState::Clean => "clean",
             EntryState::Dirty => "dirty",
             EntryState::Uncommitted => "uncommitted",
             EntryState::BadCsum => "bad_csum",
-            EntryState::BadSlot => "bad_slot",
             EntryState::BadFlags => "bad_flags",
             EntryState::BadBlock => "bad_block",
         }
@@ -314,14 +337,14 @@ impl EntryState {
     pub fn is_corrupt(self) -> bool {
         matches!(
             self,
-            EntryState::BadCsum | EntryState::BadSlot | EntryState::BadFlags | EntryState::BadBlock
+            EntryState::BadCsum | EntryState::BadFlags | EntryState::BadBlock
         )
     }
 }
 
 /// One decoded entry.  `block`, `seq` and `dirty` are what the entry says
-/// when the C decoder got that far (not for empty entries, checksum, slot
-/// or flag errors).
+/// when the C decoder got that far (not for empty or foreign entries,
+/// checksum or flag errors).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Entry {
     pub slot: u64,
@@ -341,13 +364,20 @@ fn entry_from_bytes(raw: &[u8]) -> ffi::tc_disk_entry {
     d
 }
 
-/// Decode the entry of `slot` (`tc_de_decode`).
-pub fn decode_entry(raw: &[u8], slot: u64, origin_blocks: u64, commit_seq: u64) -> Entry {
+/// Decode the entry of `slot` under a superblock of format generation
+/// `gen` (`tc_de_decode`).
+pub fn decode_entry(
+    raw: &[u8],
+    slot: u64,
+    origin_blocks: u64,
+    commit_seq: u64,
+    generation: u32,
+) -> Entry {
     let d = entry_from_bytes(raw);
     let mut i = ffi::tc_de_info::default();
     // SAFETY: both pointers are to live, properly aligned structs.
     let st = EntryState::from_c(unsafe {
-        ffi::tc_de_decode(&d, slot, origin_blocks, commit_seq, &mut i)
+        ffi::tc_de_decode(&d, slot, origin_blocks, commit_seq, generation, &mut i)
     });
     let fields = matches!(
         st,
@@ -375,11 +405,17 @@ fn entry_bytes(d: &ffi::tc_disk_entry) -> [u8; ENTRY_BYTES] {
     out
 }
 
-/// Encode an entry (`tc_de_encode`).
-pub fn encode_entry(slot: u64, block: u64, dirty: bool, seq: u64) -> [u8; ENTRY_BYTES] {
+/// Encode an entry of format generation `generation` (`tc_de_encode`).
+pub fn encode_entry(
+    slot: u64,
+    block: u64,
+    dirty: bool,
+    seq: u64,
+    generation: u32,
+) -> [u8; ENTRY_BYTES] {
     let mut d = ffi::tc_disk_entry::default();
     // SAFETY: d is a live struct.
-    unsafe { ffi::tc_de_encode(&mut d, slot, block, dirty, seq) };
+    unsafe { ffi::tc_de_encode(&mut d, slot, block, dirty, seq, generation) };
     entry_bytes(&d)
 }
 
@@ -739,7 +775,7 @@ pub fn for_each_entry(
             if slot >= l.nr_slots {
                 break;
             }
-            let e = decode_entry(raw, slot, nr_blocks, sb.commit_seq);
+            let e = decode_entry(raw, slot, nr_blocks, sb.commit_seq, sb.generation);
             f(&e, raw)?;
         }
         mb += n;
@@ -750,6 +786,9 @@ pub fn for_each_entry(
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Counts {
     pub empty: u64,
+    /// Entries of another format generation or slot: empty slots too,
+    /// counted apart (not errors).
+    pub foreign: u64,
     pub clean: u64,
     pub dirty: u64,
     pub uncommitted: u64,
@@ -838,6 +877,7 @@ pub fn survey(dev: &dyn ReadAt, sb: &Superblock) -> Result<Survey> {
     for_each_entry(dev, sb, |e, raw| {
         match e.state {
             EntryState::Empty => s.counts.empty += 1,
+            EntryState::Foreign => s.counts.foreign += 1,
             EntryState::Clean => s.counts.clean += 1,
             EntryState::Uncommitted => s.counts.uncommitted += 1,
             EntryState::Dirty => {
@@ -928,7 +968,13 @@ pub fn build_image(
     let l = &sb.layout;
     for &(slot, block, dirty, seq) in entries {
         let off = entry_offset(l, slot) as usize;
-        img[off..off + ENTRY_BYTES].copy_from_slice(&encode_entry(slot, block, dirty, seq));
+        img[off..off + ENTRY_BYTES].copy_from_slice(&encode_entry(
+            slot,
+            block,
+            dirty,
+            seq,
+            sb.generation,
+        ));
         let d = l.slot_offset(slot) as usize;
         let bb = l.block_bytes() as usize;
         img[d..d + bb].fill(fill(block));
@@ -954,6 +1000,16 @@ mod tests {
             ffi::tc_abi_entry_csum_offset as usize,
             std::mem::offset_of!(ffi::tc_disk_entry, csum)
         );
+        assert_eq!(
+            ffi::tc_abi_sb_gen_offset as usize,
+            std::mem::offset_of!(ffi::tc_disk_sb, gen_)
+        );
+        assert_eq!(std::mem::offset_of!(ffi::tc_disk_sb, gen_), 192);
+        assert_eq!(
+            ffi::tc_abi_entry_gen_offset as usize,
+            std::mem::offset_of!(ffi::tc_disk_entry, gen_)
+        );
+        assert_eq!(std::mem::offset_of!(ffi::tc_disk_entry, gen_), 28);
         assert_eq!(SB_BYTES, 512);
         assert_eq!(ENTRY_BYTES, 32);
         assert_eq!(entries_per_mblock() as usize, MBLOCK_BYTES / ENTRY_BYTES);
@@ -971,8 +1027,12 @@ mod tests {
             commit_seq: 9,
             origin_sectors: 8192,
             uuid: "TIERCACHE-t".into(),
+            version: VERSION,
+            generation: G,
         }
     }
+
+    const G: u32 = 0xa5a5_0001;
 
     #[test]
     fn superblock_roundtrip_and_damage() {
@@ -992,27 +1052,59 @@ mod tests {
 
     #[test]
     fn entries_decode_through_c() {
-        let e = decode_entry(&encode_entry(3, 77, true, 5), 3, 100, 9);
+        let e = decode_entry(&encode_entry(3, 77, true, 5, G), 3, 100, 9, G);
         assert_eq!(e.state, EntryState::Dirty);
         assert_eq!((e.block, e.seq, e.dirty), (Some(77), Some(5), Some(true)));
-        let e = decode_entry(&encode_entry(3, 77, true, 10), 3, 100, 9);
+        let e = decode_entry(&encode_entry(3, 77, true, 10, G), 3, 100, 9, G);
         assert_eq!(e.state, EntryState::Uncommitted);
-        let e = decode_entry(&encode_entry(3, 77, false, 5), 3, 100, 9);
+        let e = decode_entry(&encode_entry(3, 77, false, 5, G), 3, 100, 9, G);
         assert_eq!(e.state, EntryState::Clean);
-        let e = decode_entry(&encode_entry(3, 77, true, 5), 4, 100, 9);
-        assert_eq!((e.state, e.block), (EntryState::BadSlot, None));
-        let e = decode_entry(&encode_entry(3, 100, true, 5), 3, 100, 9);
+        // Another slot's entry, or another generation's: foreign (empty).
+        let e = decode_entry(&encode_entry(3, 77, true, 5, G), 4, 100, 9, G);
+        assert_eq!((e.state, e.block), (EntryState::Foreign, None));
+        let e = decode_entry(&encode_entry(3, 77, true, 5, G - 1), 3, 100, 9, G);
+        assert_eq!((e.state, e.block), (EntryState::Foreign, None));
+        assert!(!e.state.is_corrupt());
+        assert!(e.state.describe().starts_with("foreign"));
+        let e = decode_entry(&encode_entry(3, 100, true, 5, G), 3, 100, 9, G);
         assert_eq!((e.state, e.block), (EntryState::BadBlock, Some(100)));
         assert_eq!(
-            decode_entry(&encode_empty_entry(), 3, 100, 9).state,
+            decode_entry(&encode_empty_entry(), 3, 100, 9, G).state,
             EntryState::Empty
         );
-        let mut raw = encode_entry(3, 77, true, 5);
+        let mut raw = encode_entry(3, 77, true, 5, G);
         raw[0] ^= 0x80;
-        let e = decode_entry(&raw, 3, 100, 9);
+        let e = decode_entry(&raw, 3, 100, 9, G);
         assert_eq!(e.state, EntryState::BadCsum);
         assert!(e.state.is_corrupt());
         assert_eq!(e.state.describe(), "checksum mismatch");
+    }
+
+    #[test]
+    fn version_1_superblock_reads_as_generation_0() {
+        let mut v1 = sample();
+        v1.version = 1;
+        v1.generation = 0;
+        let raw = encode_sb(&v1);
+        assert_eq!(&raw[8..12], &1u32.to_le_bytes());
+        let (st, got) = decode_sb(&raw);
+        assert_eq!(st, SbState::Ok);
+        let got = got.unwrap();
+        assert_eq!((got.version, got.generation), (1, 0));
+        assert_eq!(got, v1);
+        // A version 1 entry (its last word reserved, zero) is generation 0's.
+        let e = decode_entry(&encode_entry(3, 77, true, 5, 0), 3, 100, 9, got.generation);
+        assert_eq!(e.state, EntryState::Dirty);
+        assert_eq!(&encode_entry(3, 77, true, 5, 0)[28..], &[0u8; 4]);
+        // Version 1 with a non-zero generation word: a bad field there.
+        let mut bad = encode_sb(&sample());
+        let v = std::mem::offset_of!(ffi::tc_disk_sb, version);
+        let c = std::mem::offset_of!(ffi::tc_disk_sb, csum);
+        bad[v..v + 4].copy_from_slice(&1u32.to_le_bytes());
+        bad[c..c + 4].fill(0);
+        let sum = crc(&bad);
+        bad[c..c + 4].copy_from_slice(&sum.to_le_bytes());
+        assert_eq!(decode_sb(&bad).0, SbState::BadFields);
     }
 
     #[test]
@@ -1045,6 +1137,7 @@ mod tests {
             s.counts,
             Counts {
                 empty: sb.layout.nr_slots - 5,
+                foreign: 0,
                 clean: 1,
                 dirty: 2,
                 uncommitted: 1,
@@ -1062,6 +1155,70 @@ mod tests {
             }]
         );
         assert!(s.unique_dirty().is_empty());
+    }
+
+    /// Pseudo-random bytes (xorshift64), the same on every run.
+    fn garbage(buf: &mut [u8], mut x: u64) {
+        for b in buf {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+    }
+
+    #[test]
+    fn survey_of_garbage_and_older_generations() {
+        // The entry area full of garbage, two entries of this generation
+        // and one of the previous: the garbage and the old entry are
+        // foreign (free slots), nothing is corrupt.
+        let sb = sample();
+        let l = sb.layout;
+        let mut img = build_image(&sb, 4096, &[], |_| 0);
+        let area = (l.meta_start * 512) as usize..(l.meta_end_sector() * 512) as usize;
+        garbage(&mut img[area], 0x9e37_79b9_7f4a_7c15);
+        let put = |img: &mut Vec<u8>, slot: u64, raw: [u8; ENTRY_BYTES]| {
+            let o = entry_offset(&l, slot) as usize;
+            img[o..o + ENTRY_BYTES].copy_from_slice(&raw);
+        };
+        put(&mut img, 4, encode_entry(4, 40, true, 9, G));
+        put(&mut img, 5, encode_entry(5, 41, false, 2, G));
+        put(&mut img, 6, encode_entry(6, 42, true, 9, G - 1));
+        put(&mut img, 7, encode_empty_entry());
+        let m = MemImage {
+            name: "img".into(),
+            data: img,
+        };
+        let s = survey(&m, &sb).unwrap();
+        assert_eq!(
+            s.counts,
+            Counts {
+                empty: 1,
+                foreign: l.nr_slots - 3,
+                clean: 1,
+                dirty: 1,
+                uncommitted: 0,
+                corrupt: 0
+            }
+        );
+        assert_eq!(s.counts.used(), 2);
+        assert_eq!(
+            s.dirty,
+            vec![DirtyRef {
+                block: 40,
+                slot: 4,
+                seq: 9
+            }]
+        );
+        // Under the previous generation, slot 6 is its dirty block and
+        // this generation's entries are foreign.
+        let old = Superblock {
+            generation: G - 1,
+            ..sb.clone()
+        };
+        let s = survey(&m, &old).unwrap();
+        assert_eq!((s.counts.dirty, s.counts.clean), (1, 0));
+        assert_eq!(s.dirty[0].slot, 6);
     }
 
     #[test]

@@ -358,7 +358,9 @@ status: 0 consistent, 10 cannot read the device, 11 no superblock (never
 formatted), 12 superblock corrupt or of an unknown version, 13 corrupt
 entries (each listed with its slot and the reason), 14 an origin block dirty
 in several slots; the lowest applies.  Entries of a commit that did not
-finish are ignored, as the module ignores them.")]
+finish are ignored, as the module ignores them.  Entries of another format
+generation (an earlier format's, or bytes the device held before) are free
+slots, counted apart, not errors.")]
     Check {
         /// Cache device or image file
         device: String,
@@ -370,14 +372,16 @@ finish are ignored, as the module ignores them.")]
     #[command(after_help = "\
 Each entry: slot, origin block, state (dirty, clean, uncommitted, or what is
 wrong with it) and the commit that wrote it.  Exit status as for check, but
-corrupt entries are shown, not judged.")]
+corrupt entries are shown, not judged.  The superblock shows the format
+version and generation; entries of another generation (foreign) are free
+slots, shown with --all.")]
     Dump {
         /// Cache device or image file
         device: String,
         /// Machine-readable output
         #[arg(long)]
         json: bool,
-        /// Also the empty slots
+        /// Also the empty slots (and foreign entries)
         #[arg(long)]
         all: bool,
     },

@@ -187,6 +187,7 @@ fn sb_lines(sb: &Superblock, o: &mut Vec<String>) {
         l.meta_start
     ));
     o.push(format!("  commit seq:  {}", sb.commit_seq));
+    o.push(format!("  generation:  {:#010x}", sb.generation));
 }
 
 /// The text form of a check report.
@@ -196,9 +197,17 @@ pub fn check_text(rep: &CheckReport) -> String {
         return String::new();
     };
     o.push(format!(
-        "{}: tiercache metadata, format version {}",
+        "{}: tiercache metadata, format version {}{}",
         rep.device,
-        disk::VERSION
+        sb.version,
+        if sb.version < disk::VERSION {
+            format!(
+                " (the module writes version {} from its first commit)",
+                disk::VERSION
+            )
+        } else {
+            String::new()
+        }
     ));
     sb_lines(sb, &mut o);
     if let Some(c) = &rep.counts {
@@ -211,6 +220,10 @@ pub fn check_text(rep: &CheckReport) -> String {
             c.clean,
             c.uncommitted,
             c.corrupt
+        ));
+        o.push(format!(
+            "  free slots:  {} empty, {} foreign (of another format generation or slot: free, not errors)",
+            c.empty, c.foreign
         ));
     }
     for b in &rep.corrupt {
@@ -318,6 +331,7 @@ struct EntryJson<'a> {
 struct SbJson<'a> {
     magic: &'static str,
     version: u32,
+    generation: u32,
     commit_seq: u64,
     block_sectors: u32,
     nr_slots: u64,
@@ -332,7 +346,8 @@ fn sb_json(sb: &Superblock) -> SbJson<'_> {
     let l = &sb.layout;
     SbJson {
         magic: disk::magic(),
-        version: disk::VERSION,
+        version: sb.version,
+        generation: sb.generation,
         commit_seq: sb.commit_seq,
         block_sectors: l.block_sectors,
         nr_slots: l.nr_slots,
@@ -391,7 +406,8 @@ pub fn dump_dev(dev: &dyn ReadAt, json: bool, all: bool, out: &mut dyn Write) ->
         let _ = writeln!(out, "{name}: superblock");
         for (k, v) in [
             ("magic", disk::magic().to_string()),
-            ("version", disk::VERSION.to_string()),
+            ("version", sb.version.to_string()),
+            ("generation", format!("{:#010x}", sb.generation)),
             ("commit_seq", sb.commit_seq.to_string()),
             ("block_sectors", l.block_sectors.to_string()),
             ("nr_slots", l.nr_slots.to_string()),
@@ -416,7 +432,8 @@ pub fn dump_dev(dev: &dyn ReadAt, json: bool, all: bool, out: &mut dyn Write) ->
     }
     let mut first = true;
     disk::for_each_entry(dev, sb, |e, raw| {
-        if e.state == EntryState::Empty && !all {
+        // Foreign entries read as empty: shown with --all only.
+        if matches!(e.state, EntryState::Empty | EntryState::Foreign) && !all {
             return Ok(());
         }
         let corrupt = e.state.is_corrupt();
@@ -577,7 +594,13 @@ fn mark_clean(cache: &Dev, sb: &Superblock, done: &[DirtyRef]) -> Result<()> {
             let raw = &mut buf[k..k + disk::ENTRY_BYTES];
             // The entry must still be the one we wrote back (we hold the
             // device exclusively; this guards against our own mistakes).
-            let e = disk::decode_entry(raw, d.slot, sb.origin_blocks(), sb.commit_seq);
+            let e = disk::decode_entry(
+                raw,
+                d.slot,
+                sb.origin_blocks(),
+                sb.commit_seq,
+                sb.generation,
+            );
             if e.state != EntryState::Dirty || e.block != Some(d.block) || e.seq != Some(d.seq) {
                 return Err(Error::new(
                     Kind::Failure,
@@ -589,7 +612,13 @@ fn mark_clean(cache: &Dev, sb: &Superblock, done: &[DirtyRef]) -> Result<()> {
                     ),
                 ));
             }
-            raw.copy_from_slice(&disk::encode_entry(d.slot, d.block, false, d.seq));
+            raw.copy_from_slice(&disk::encode_entry(
+                d.slot,
+                d.block,
+                false,
+                d.seq,
+                sb.generation,
+            ));
             i += 1;
         }
         cache.write_at(off, &buf)?;

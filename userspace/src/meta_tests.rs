@@ -34,12 +34,17 @@ impl Drop for TempDir {
 const CACHE_SECTORS: u64 = 8192; // 4 MiB
 const ORIGIN_SECTORS: u64 = 16384; // 8 MiB, 2048 blocks of 4 KiB
 
+/// The format generation of the test images.
+const G: u32 = 0x5eed_0007;
+
 fn sb(commit_seq: u64) -> Superblock {
     Superblock {
         layout: disk::layout(CACHE_SECTORS, 8).unwrap(),
         commit_seq,
         origin_sectors: ORIGIN_SECTORS,
         uuid: "TIERCACHE-t".into(),
+        version: disk::VERSION,
+        generation: G,
     }
 }
 
@@ -91,12 +96,15 @@ fn check_consistent_image() {
     let (out, r) = run_check(&p);
     r.unwrap();
     for needle in [
-        "tiercache metadata, format version 1",
+        "tiercache metadata, format version 2\n",
         "uuid:        TIERCACHE-t",
         "origin:      8 MiB (16384 sectors, 2048 blocks)",
         "commit seq:  7",
+        "generation:  0x5eed0007",
         "slots used:  6 of",
         "4 dirty (16 KiB), 1 clean, 1 uncommitted (ignored), 0 corrupt",
+        "free slots:  ",
+        " empty, 0 foreign (of another format generation or slot: free, not errors)",
         "result:      consistent",
     ] {
         assert!(out.contains(needle), "missing '{needle}' in\n{out}");
@@ -111,6 +119,9 @@ fn check_consistent_image() {
     assert_eq!(v["counts"]["uncommitted"], 1);
     assert_eq!(v["superblock"]["commit_seq"], 7);
     assert_eq!(v["superblock"]["uuid"], "TIERCACHE-t");
+    assert_eq!(v["superblock"]["version"], 2);
+    assert_eq!(v["superblock"]["generation"], G);
+    assert_eq!(v["counts"]["foreign"], 0);
 }
 
 #[test]
@@ -146,7 +157,7 @@ fn check_exit_codes_per_corruption() {
     let mut img = image();
     let v = std::mem::offset_of!(ffi::tc_disk_sb, version);
     let c = std::mem::offset_of!(ffi::tc_disk_sb, csum);
-    img[v..v + 4].copy_from_slice(&2u32.to_le_bytes());
+    img[v..v + 4].copy_from_slice(&3u32.to_le_bytes());
     img[c..c + 4].fill(0);
     let crc = disk::crc(&img[..disk::SB_BYTES]);
     img[c..c + 4].copy_from_slice(&crc.to_le_bytes());
@@ -178,17 +189,19 @@ fn check_exit_codes_per_corruption() {
     assert_eq!(v["corrupt"][0]["state"], "bad_csum");
     assert_eq!(v["corrupt"][0]["reason"], "checksum mismatch");
 
-    // An entry in the wrong slot (valid checksum): bad slot.
+    // An entry in the wrong slot (valid checksum, this generation): it is
+    // not this slot's, so it reads as a free slot (foreign), not an error.
     let mut img = image();
     let o3 = entry_off(3);
-    img[o3..o3 + 32].copy_from_slice(&disk::encode_entry(4, 1, true, 1));
+    img[o3..o3 + 32].copy_from_slice(&disk::encode_entry(4, 1, true, 1, G));
     let d = TempDir::new("slot");
     let (out, r) = run_check(&d.file("cache.img", &img));
-    assert_eq!(r.unwrap_err().kind, Kind::BadEntries);
-    assert!(
-        out.contains("slot 3: slot number does not match its position"),
-        "{out}"
-    );
+    r.unwrap();
+    assert!(out.contains(" 1 foreign (of another"), "{out}");
+    // A corrupt entry of this generation still fails: a flipped flags bit.
+    let mut img = image();
+    img[entry_off(9) + 20] ^= 0x01;
+    assert_eq!(check_kind(&img).0, Some(Kind::BadEntries));
 
     // Two committed dirty entries for one origin block.
     let mut es = entries();
@@ -258,6 +271,8 @@ fn dump_text_and_json() {
     dump(&p, false, false, &mut o, &mut vec![]).unwrap();
     let t = String::from_utf8(o).unwrap();
     assert!(t.contains("  commit_seq      7\n"), "{t}");
+    assert!(t.contains("  version         2\n"), "{t}");
+    assert!(t.contains("  generation      0x5eed0007\n"), "{t}");
     assert!(t.contains("  uuid            TIERCACHE-t\n"), "{t}");
     let rows: Vec<&str> = t
         .lines()
@@ -280,6 +295,7 @@ fn dump_text_and_json() {
     dump(&p, true, false, &mut o, &mut vec![]).unwrap();
     let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
     assert_eq!(v["superblock"]["magic"], "TIERCACH");
+    assert_eq!(v["superblock"]["generation"], G);
     assert_eq!(v["superblock"]["nr_slots"], sb(7).layout.nr_slots);
     let es = v["entries"].as_array().unwrap();
     assert_eq!(es.len(), 6);
@@ -346,7 +362,7 @@ fn writeback_onto_a_file_origin() {
     // The entries are clean now, with their seq, and a second run has
     // nothing to do.
     let cimg = std::fs::read(&cache).unwrap();
-    let e = disk::decode_entry(&cimg[entry_off(7)..entry_off(7) + 32], 7, 2048, 7);
+    let e = disk::decode_entry(&cimg[entry_off(7)..entry_off(7) + 32], 7, 2048, 7, G);
     assert_eq!(
         (e.state, e.block, e.seq),
         (EntryState::Clean, Some(10), Some(7))
@@ -465,6 +481,155 @@ fn writeback_refusals_and_force() {
     )
     .unwrap_err();
     assert_eq!(e.kind, Kind::Unreadable);
+}
+
+/// The image of `image()` as the version 1 code wrote it: version 1,
+/// no generation (the entries' last word zero).
+fn v1_image() -> Vec<u8> {
+    let v1 = Superblock {
+        version: 1,
+        generation: 0,
+        ..sb(7)
+    };
+    build_image(&v1, CACHE_SECTORS, &entries(), fill)
+}
+
+#[test]
+fn version_1_image_still_reads() {
+    let img = v1_image();
+    // What the version 1 code wrote: reserved words zero.
+    assert_eq!(&img[8..12], &1u32.to_le_bytes());
+    assert_eq!(&img[entry_off(0) + 28..entry_off(0) + 32], &[0u8; 4]);
+    let d = TempDir::new("v1");
+    let p = d.file("cache.img", &img);
+    let (out, r) = run_check(&p);
+    r.unwrap();
+    for needle in [
+        "format version 1 (the module writes version 2 from its first commit)",
+        "generation:  0x00000000",
+        "4 dirty (16 KiB), 1 clean, 1 uncommitted (ignored), 0 corrupt",
+    ] {
+        assert!(out.contains(needle), "missing '{needle}' in\n{out}");
+    }
+    let mut o = vec![];
+    dump(&p, true, false, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(
+        (
+            v["superblock"]["version"].as_u64(),
+            v["superblock"]["generation"].as_u64()
+        ),
+        (Some(1), Some(0))
+    );
+    assert_eq!(v["entries"].as_array().unwrap().len(), 6);
+
+    // The offline writeback marks the entries clean in version 1's own
+    // terms (generation 0, the superblock left at version 1).
+    let origin = d.file("origin.img", &origin_image());
+    let sum = writeback(&p, &origin, false, false, &mut vec![], &mut vec![]).unwrap();
+    assert_eq!(sum.blocks, 4);
+    let after = std::fs::read(&p).unwrap();
+    assert_eq!(after[..512], img[..512], "the superblock is not rewritten");
+    let e = disk::decode_entry(&after[entry_off(7)..entry_off(7) + 32], 7, 2048, 7, 0);
+    assert_eq!((e.state, e.block), (EntryState::Clean, Some(10)));
+    assert_eq!(&after[entry_off(7) + 28..entry_off(7) + 32], &[0u8; 4]);
+}
+
+/// Pseudo-random bytes (xorshift64), the same on every run.
+fn garbage(buf: &mut [u8], mut x: u64) {
+    for b in buf {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+}
+
+#[test]
+fn garbage_in_the_entry_area_reads_as_empty() {
+    // A fresh format over a device that held something else: the
+    // superblock only, the entry area as it was.
+    let l = sb(1).layout;
+    let mut img = build_image(&sb(1), CACHE_SECTORS, &[], fill);
+    let area = (l.meta_start * 512) as usize..(l.meta_end_sector() * 512) as usize;
+    garbage(&mut img[area], 0x0123_4567_89ab_cdef);
+    let d = TempDir::new("garbage");
+    let p = d.file("cache.img", &img);
+    let mut o = vec![];
+    check(&p, true, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(v["result"], "ok");
+    assert_eq!(v["counts"]["foreign"], l.nr_slots);
+    for k in ["empty", "clean", "dirty", "uncommitted", "corrupt"] {
+        assert_eq!(v["counts"][k], 0, "{k}");
+    }
+    // dump lists nothing but with --all; writeback has nothing to do.
+    let mut o = vec![];
+    dump(&p, true, false, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(v["entries"].as_array().unwrap().len(), 0);
+    let mut o = vec![];
+    dump(&p, false, true, &mut o, &mut vec![]).unwrap();
+    let t = String::from_utf8(o).unwrap();
+    assert!(
+        t.lines()
+            .any(|r| r.split_whitespace().collect::<Vec<_>>() == ["0", "-", "foreign", "-"]),
+        "{t}"
+    );
+    let origin = d.file("origin.img", &origin_image());
+    let sum = writeback(&p, &origin, false, false, &mut vec![], &mut vec![]).unwrap();
+    assert_eq!(sum.blocks, 0);
+    assert!(std::fs::read(&origin).unwrap() == origin_image());
+}
+
+#[test]
+fn previous_generation_entry_reads_as_empty() {
+    // The image of the previous format (generation G - 1, with its
+    // committed dirty blocks), formatted again: the superblock of
+    // generation G, commit 1, and one new entry of this generation.
+    let old = Superblock {
+        generation: G - 1,
+        ..sb(7)
+    };
+    let mut img = build_image(&old, CACHE_SECTORS, &entries(), fill);
+    let new = sb(1);
+    img[..disk::SB_BYTES].copy_from_slice(&disk::encode_sb(&new));
+    let o = entry_off(30);
+    img[o..o + 32].copy_from_slice(&disk::encode_entry(30, 99, true, 1, G));
+    let d30 = new.layout.slot_offset(30) as usize;
+    img[d30..d30 + 4096].fill(fill(99));
+    let d = TempDir::new("oldgen");
+    let p = d.file("cache.img", &img);
+    let mut o = vec![];
+    check(&p, true, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(v["counts"]["dirty"], 1);
+    assert_eq!(v["counts"]["foreign"], 6);
+    assert_eq!(v["counts"]["uncommitted"], 0);
+    assert_eq!(v["counts"]["corrupt"], 0);
+    let mut o = vec![];
+    dump(&p, true, true, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    let es = v["entries"].as_array().unwrap();
+    assert_eq!(es[7]["state"], "foreign");
+    assert_eq!(es[7]["block"], serde_json::Value::Null);
+    assert_eq!(es[30]["state"], "dirty");
+    // The offline writeback writes only this generation's dirty block.
+    let origin = d.file("origin.img", &origin_image());
+    let sum = writeback(&p, &origin, false, false, &mut vec![], &mut vec![]).unwrap();
+    assert_eq!(sum.blocks, 1);
+    let got = std::fs::read(&origin).unwrap();
+    assert_eq!(got[99 * 4096], fill(99));
+    assert_eq!(
+        got[10 * 4096],
+        0xee,
+        "block 10 was dirty in the old generation only"
+    );
+    let after = std::fs::read(&p).unwrap();
+    assert_eq!(
+        after[entry_off(7)..entry_off(7) + 32],
+        img[entry_off(7)..entry_off(7) + 32]
+    );
 }
 
 #[test]

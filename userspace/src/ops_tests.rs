@@ -51,6 +51,7 @@ struct Meta {
     origin_sectors: u64,
     block_sectors: u32,
     commit_seq: u64,
+    generation: u32,
     /// (slot, origin block, dirty, seq)
     entries: Vec<(u64, u64, bool, u64)>,
 }
@@ -64,6 +65,7 @@ impl Meta {
             origin_sectors: origin_bytes / 512,
             block_sectors: 8,
             commit_seq: 10,
+            generation: 0x0bad_cafe,
             entries: vec![],
         }
     }
@@ -82,13 +84,20 @@ impl Meta {
             commit_seq: self.commit_seq,
             origin_sectors: self.origin_sectors,
             uuid: self.uuid.clone(),
+            version: disk::VERSION,
+            generation: self.generation,
         };
         let mut v = vec![0u8; (layout.meta_end_sector() * 512) as usize];
         v[..disk::SB_BYTES].copy_from_slice(&disk::encode_sb(&sb));
         for &(slot, block, dirty, seq) in &self.entries {
             let o = disk::entry_offset(&layout, slot) as usize;
-            v[o..o + disk::ENTRY_BYTES]
-                .copy_from_slice(&disk::encode_entry(slot, block, dirty, seq));
+            v[o..o + disk::ENTRY_BYTES].copy_from_slice(&disk::encode_entry(
+                slot,
+                block,
+                dirty,
+                seq,
+                self.generation,
+            ));
         }
         v
     }
@@ -990,6 +999,20 @@ fn format_option() {
     m.entries.push((4, 9, true, 11));
     t.image("/dev/fast", &m);
     assert!(create_line(&t, true).unwrap().ends_with("8 1 format"));
+    // Nor do dirty entries of an earlier generation (an earlier format's),
+    // which the kernel's count reads as empty too.
+    let mut img = Meta::new("c", FAST, SLOW).dirty(3).bytes();
+    let mut newer = Meta::new("c", FAST, SLOW);
+    newer.generation += 1;
+    img[..disk::SB_BYTES].copy_from_slice(&newer.bytes()[..disk::SB_BYTES]);
+    t.raw_image("/dev/fast", img.clone());
+    assert!(create_line(&t, true).unwrap().ends_with("8 1 format"));
+    // ... and a load of it finds them foreign, not corrupt: loaded.
+    t.raw_image("/dev/fast", img);
+    assert_eq!(
+        create_line(&t, false).unwrap(),
+        "load c 0 524288 tiercache 8:16 8:32 8 0"
+    );
 }
 
 #[test]
