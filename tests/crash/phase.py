@@ -36,14 +36,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vm"))
+import tcdisk  # noqa: E402
 import tclib  # noqa: E402
 
 B = 4096
 UNFLUSHED_BASE = 1_000_000
 HDR = struct.Struct("<8sQQQ")          # magic, block, version, seed
 MAGIC = b"TCCRASH1"
-ENTRY = struct.Struct("<QQIIII")       # tc_disk.h: block, seq, slot, flags, csum, reserved
-DE_VALID, DE_DIRTY = 1, 2
 NAME = "tc-crash"
 # no watermark writeback: every block dirty at the last flush point is
 # still dirty at the crash (the target is never told to flush)
@@ -283,23 +282,21 @@ class Checker:
 
 
 def cache_entries(cache):
-    """(commit_seq, committed dirty blocks as a list) read from the cache
-    device (tc_disk.h).  Entries newer than the superblock's commit_seq
-    belong to an unfinished commit and do not count."""
-    sb = tclib.read_direct(cache, 0, B)
-    assert sb[:8] == b"TIERCACH", f"no superblock on {cache}: {sb[:8]!r}"
-    commit_seq = struct.unpack_from("<Q", sb, 16)[0]
-    nr_slots = struct.unpack_from("<Q", sb, 32)[0]
-    raw = tclib.read_direct(cache, 8 * 512, (nr_slots * 32 + B - 1) // B * B)
+    """(commit_seq, committed dirty blocks as a list, uncommitted dirty
+    entries) read from the cache device (tcdisk.py).  Entries newer than
+    the superblock's commit_seq belong to an unfinished commit and do not
+    count; entries of another format generation read as empty."""
+    raw = tclib.read_direct(cache, 0, B)
+    assert raw[:8] == tcdisk.MAGIC, f"no superblock on {cache}: {raw[:8]!r}"
+    sb = tcdisk.decode_sb(raw)
+    area = tclib.read_direct(cache, tcdisk.META_START * 512, sb.entries_bytes)
     dirty, uncommitted = [], 0
-    for s in range(nr_slots):
-        blk, seq, _slot, flags, _c, _r = ENTRY.unpack_from(raw, s * 32)
-        if flags & DE_DIRTY:
-            if seq > commit_seq:
-                uncommitted += 1
-            else:
-                dirty.append(blk)
-    return commit_seq, dirty, uncommitted
+    for _s, e in tcdisk.entries(area, sb):
+        if e.state == tcdisk.DIRTY:
+            dirty.append(e.block)
+        elif e.state == tcdisk.UNCOMMITTED and e.dirty:
+            uncommitted += 1
+    return sb.commit_seq, dirty, uncommitted
 
 
 def check_phase(res, p):

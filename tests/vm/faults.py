@@ -8,12 +8,12 @@ caller passes."""
 
 import os
 import random
-import struct
 import subprocess
 import threading
 import time
 from pathlib import Path
 
+import tcdisk
 import tclib
 from tclib import MiB
 
@@ -267,26 +267,17 @@ def dd_write(path, off, data, sync="fsync", timeout=30, check=True, *, prefix):
         os.unlink(src)
 
 
-# ---------------------------------------------------------------- on-disk format (tc_disk.h)
-
-SB_SEQ, SB_SLOTS, SB_DATA_START = 16, 32, 48
-ENTRY = struct.Struct("<QQIIII")      # block, seq, slot, flags, csum, reserved
-
+# ---------------------------------------------------------------- on-disk format (tcdisk.py)
 
 def superblock(cache):
-    sb = tclib.read_direct(cache, 0, B)
-    return {"seq": struct.unpack_from("<Q", sb, SB_SEQ)[0],
-            "slots": struct.unpack_from("<Q", sb, SB_SLOTS)[0],
-            "data_start": struct.unpack_from("<Q", sb, SB_DATA_START)[0]}
+    sb = tcdisk.decode_sb(tclib.read_direct(cache, 0, B))
+    return {"seq": sb.commit_seq, "slots": sb.nr_slots, "data_start": sb.data_start,
+            "gen": sb.gen}
 
 
 def committed_dirty(cache):
-    """{origin block: slot} of the committed dirty entries on a cache device."""
-    sb = superblock(cache)
-    raw = tclib.read_direct(cache, 8 * 512, (sb["slots"] * 32 + B - 1) // B * B)
-    out = {}
-    for s in range(sb["slots"]):
-        blk, eseq, _slot, flags, _c, _r = ENTRY.unpack_from(raw, s * 32)
-        if flags & 2 and eseq <= sb["seq"]:
-            out[blk] = s
-    return out
+    """{origin block: slot} of the committed dirty entries on a cache device
+    (of its superblock's format generation)."""
+    sb = tcdisk.decode_sb(tclib.read_direct(cache, 0, B))
+    raw = tclib.read_direct(cache, tcdisk.META_START * 512, sb.entries_bytes)
+    return {e.block: s for s, e in tcdisk.entries(raw, sb) if e.state == tcdisk.DIRTY}

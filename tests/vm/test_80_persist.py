@@ -2,23 +2,22 @@
 """Persistent metadata: format, load, refusals, corruption, crash.
 
 The on-disk format is dm-tiercache/tc_disk.h: a superblock in sector 0,
-32-byte entries from sector 8, slot data from data_start.
+32-byte entries from sector 8, slot data from data_start (decoded by
+tcdisk.py).
 """
 
 import os
 import random
-import struct
 
 import pytest
 
+import tcdisk
 import tclib
 from tclib import MiB, KiB
 
 pytestmark = [pytest.mark.module, pytest.mark.usefixtures("tc_module")]
 
 B = 4096
-ENTRY = struct.Struct("<QQIIII")        # block, seq, slot, flags, csum, reserved
-DE_DIRTY = 2
 
 
 def table(origin, cache, fmt, keys=(), block=8, length=None):
@@ -45,17 +44,11 @@ def write_blocks(path, blocks, model, tag):
 
 
 def dirty_entries(cache):
-    """(slot, block) of the dirty entries on the cache device."""
-    sb = tclib.read_direct(cache, 0, B)
-    nr_slots = struct.unpack_from("<Q", sb, 32)[0]
-    raw = tclib.read_direct(cache, 8 * 512, (nr_slots * 32 + B - 1) // B * B)
-    out = []
-    for s in range(nr_slots):
-        blk, _seq, slot, flags, _c, _r = ENTRY.unpack_from(raw, s * 32)
-        if flags & DE_DIRTY:
-            assert slot == s
-            out.append((s, blk))
-    return out
+    """(slot, block) of the dirty entries on the cache device (of its
+    superblock's generation, committed or not)."""
+    sb = tcdisk.decode_sb(tclib.read_direct(cache, 0, B))
+    raw = tclib.read_direct(cache, tcdisk.META_START * 512, sb.entries_bytes)
+    return [(s, e.block) for s, e in tcdisk.entries(raw, sb) if e.dirty]
 
 
 def flip(path, offset):
@@ -197,7 +190,7 @@ def test_corrupt_superblock_or_entry_refused(stack):
     tclib.write_direct(cache, 0, good)
 
     slot, _blk = dirty_entries(cache)[7]
-    flip(cache, 8 * 512 + slot * 32 + 1)               # the entry's block
+    flip(cache, tcdisk.entry_offset(slot) + 1)          # the entry's block
     rc, log = try_create("tc-p-bad", tbl)
     assert rc != 0, "a corrupt entry was loaded"
     assert f"slot {slot}: checksum mismatch" in log, log

@@ -18,9 +18,11 @@ see below), is a state the cache could be left in by a power cut:
   ``format`` must load if the image holds a superblock (and be refused
   if not: only before the format's superblock write); the status
   ``dirty`` field and the load's kernel message (dirty blocks, commit,
-  uncommitted entries) must match what the image holds, decoded here
-  from tc_disk.h (an entry counts when its checksum is good, it is dirty
-  and its seq is not newer than the superblock's commit_seq); the image
+  uncommitted entries) must match what the image holds, decoded by
+  tcdisk.py as tc_disk.c does (an entry counts when it is of the
+  superblock's format generation and its own slot, its checksum is good,
+  it is dirty and its seq is not newer than the superblock's commit_seq;
+  an entry of another generation reads as empty); the image
   must hold no corrupt entry and no block dirty twice; and blocks must
   read as the image says: every committed dirty block from its slot,
   every block of a clean or uncommitted entry and SAMPLE others from the
@@ -52,13 +54,13 @@ import hashlib
 import os
 import random
 import re
-import struct
 import time
 from pathlib import Path
 
 import pytest
 
 import logwrites
+import tcdisk
 import tclib
 from faults import fsync_path
 from tclib import MiB, KiB
@@ -79,88 +81,54 @@ END_MARK = "dm-log-writes-end"
 
 # ---------------------------------------------------------------- tc_disk.h
 
-SB = struct.Struct("<8sIIQIIQQQQ128s320s")
-ENTRY = struct.Struct("<QQIIII")        # block, seq, slot, flags, csum, reserved
-DE_VALID, DE_DIRTY = 1, 2
-ZERO_ENTRY = bytes(ENTRY.size)
-
-
-def _crc32c_table():
-    t = []
-    for n in range(256):
-        c = n
-        for _ in range(8):
-            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
-        t.append(c)
-    return t
-
-
-_CRC32C = _crc32c_table()
-
-
-def crc32c(data):
-    """CRC-32C (Castagnoli) as tc_disk_crc(): init ~0, reflected, final ~."""
-    crc = 0xFFFFFFFF
-    t = _CRC32C
-    for b in data:
-        crc = t[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-assert crc32c(b"123456789") == 0xE3069283
-
-
 class Image:
     """What a cache device image holds, decoded as the module's load does
-    (tc_sb_decode, tc_de_decode)."""
+    (tcdisk.py: tc_sb_decode, tc_de_decode)."""
 
     def __init__(self, img, origin_sectors):
-        self.blank = img[:8] != b"TIERCACH"
+        self.blank = img[:8] != tcdisk.MAGIC
         self.problems = []          # corruption the load would refuse
         self.dirty = {}             # origin block -> slot, committed dirty
         self.named = set()          # blocks of clean or uncommitted entries
         self.uncommitted = 0
         self.clean = 0
+        self.foreign = 0            # entries of another generation: empty
         self.commit_seq = None
         if self.blank:
             return
-        sb = bytes(img[:512])
-        (_magic, version, csum, self.commit_seq, self.block_sectors, flags,
-         self.nr_slots, self.meta_start, self.data_start, osect, _uuid,
-         _res) = SB.unpack(sb)
-        if crc32c(sb[:12] + bytes(4) + sb[16:]) != csum:
+        sb = tcdisk.decode_sb(img[:512])
+        self.commit_seq, self.block_sectors = sb.commit_seq, sb.block_sectors
+        self.nr_slots, self.meta_start, self.data_start = (sb.nr_slots, sb.meta_start,
+                                                           sb.data_start)
+        if sb.state == tcdisk.SB_BAD_CSUM:
             self.problems.append("superblock checksum mismatch")
             return
-        if version != 1 or flags or osect != origin_sectors:
-            self.problems.append(f"superblock version {version} flags {flags} "
-                                 f"origin_sectors {osect}")
+        if not sb.ok or sb.origin_sectors != origin_sectors:
+            self.problems.append(f"superblock {sb.state}: version {sb.version} flags "
+                                 f"{sb.flags} origin_sectors {sb.origin_sectors}")
             return
         nr_blocks = origin_sectors // self.block_sectors
         base = self.meta_start * 512
-        for s in range(self.nr_slots):
-            raw = bytes(img[base + s * 32:base + s * 32 + 32])
-            if raw == ZERO_ENTRY:
-                continue
-            block, seq, slot, fl, ecsum, res = ENTRY.unpack(raw)
-            if crc32c(raw[:24] + bytes(4) + raw[28:]) != ecsum:
-                self.problems.append(f"slot {s}: checksum mismatch")
-            elif slot != s:
-                self.problems.append(f"slot {s}: slot field {slot}")
-            elif not fl & DE_VALID or fl & ~(DE_VALID | DE_DIRTY) or res:
-                self.problems.append(f"slot {s}: flags {fl:#x} reserved {res}")
-            elif block >= nr_blocks:
-                self.problems.append(f"slot {s}: block {block} beyond the origin")
-            elif seq > self.commit_seq:
+        area = bytes(img[base:base + sb.entries_bytes])
+        for s, e in tcdisk.entries(area, sb, nr_blocks):
+            if e.state == tcdisk.FOREIGN:
+                self.foreign += 1
+            elif e.state in tcdisk.CORRUPT:
+                self.problems.append(f"slot {s}: {e.state}"
+                                     + (f" (block {e.block})" if e.block is not None else ""))
+            elif e.state == tcdisk.UNCOMMITTED:
                 self.uncommitted += 1
-                self.named.add(block)
-            elif not fl & DE_DIRTY:
+                self.named.add(e.block)
+            elif e.state == tcdisk.CLEAN:
                 self.clean += 1
-                self.named.add(block)
-            elif block in self.dirty:
-                self.problems.append(f"block {block} dirty in slots "
-                                     f"{self.dirty[block]} and {s}")
+                self.named.add(e.block)
+            elif e.state != tcdisk.DIRTY:
+                continue
+            elif e.block in self.dirty:
+                self.problems.append(f"block {e.block} dirty in slots "
+                                     f"{self.dirty[e.block]} and {s}")
             else:
-                self.dirty[block] = s
+                self.dirty[e.block] = s
 
     def slot_data(self, img, slot):
         off = (self.data_start + slot * self.block_sectors) * 512
@@ -170,7 +138,8 @@ class Image:
         if self.blank:
             return "blank (no superblock)"
         return (f"commit_seq {self.commit_seq}, {len(self.dirty)} committed dirty, "
-                f"{self.clean} clean, {self.uncommitted} uncommitted entries"
+                f"{self.clean} clean, {self.uncommitted} uncommitted, "
+                f"{self.foreign} foreign entries"
                 + (f", problems: {self.problems[:5]}" if self.problems else ""))
 
 

@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: GPL-2.0
+"""Host test of tests/vm/tcdisk.py, the Python decoder of the on-disk format
+that the VM and crash tests use: run by `make -C tests/host check`.
+
+1. Against the module's C code: the fuzz seeds (images written by the C
+   encoder, tests/host/mkseeds.c: valid ones, version 1, previous
+   generation entries, a garbage entry area, spoiled fields) and seeded
+   mutations of them are decoded by both decode_img (tc_disk.c) and
+   tcdisk; every superblock and entry result must agree.  tcdisk's
+   encoder must write the C encoder's bytes.
+2. Synthetic images: version 1 reads as generation 0, a garbage entry
+   area reads as empty (foreign), an entry of the previous generation
+   reads as empty, a corrupt entry of this generation does not.
+
+    test_tcdisk.py BUILD_DIR     (holds mkseeds and decode_img)
+"""
+
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vm"))
+import tcdisk  # noqa: E402
+
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print(f"test_tcdisk: FAIL {what}", file=sys.stderr)
+
+
+def py_lines(img):
+    """What decode_img prints, computed with tcdisk."""
+    sb = tcdisk.decode_sb(img[:512])
+    if not sb.ok:
+        return [f"sb {sb.state}"]
+    out = [f"sb {sb.state} {sb.version} {sb.gen} {sb.commit_seq} {sb.nr_slots} {sb.nr_blocks}"]
+    base = tcdisk.META_START * 512
+    have = max(0, (len(img) - base) // tcdisk.ENTRY_BYTES)
+    for s, e in tcdisk.entries(img[base:], sb):
+        if s >= have:
+            break
+        if e.block is None:
+            out.append(f"{s} {e.state} - - -")
+        else:
+            out.append(f"{s} {e.state} {e.block} {e.seq} {int(e.dirty)}")
+    return out
+
+
+def c_lines(build, path):
+    p = subprocess.run([str(build / "decode_img"), str(path)], capture_output=True,
+                       text=True, check=True)
+    return p.stdout.splitlines()
+
+
+def compare(build, tmp, name, img):
+    path = tmp / "img"
+    path.write_bytes(img)
+    c, py = c_lines(build, path), py_lines(img)
+    if c != py:
+        diff = next((f"C '{a}' / tcdisk '{b}'" for a, b in zip(c, py) if a != b),
+                    f"{len(c)} lines from C, {len(py)} from tcdisk")
+        check(False, f"{name}: tcdisk and tc_disk.c disagree: {diff}")
+    return c
+
+
+def mutations(img, rng, n):
+    """@n copies of @img with a few bytes changed: in the superblock, in the
+    entries' identity words, anywhere in the entry area; some with the
+    checksum recomputed, so that the checks after it run."""
+    base = tcdisk.META_START * 512
+    for k in range(n):
+        m = bytearray(img)
+        where = rng.randrange(4)
+        if where == 0:
+            off = rng.randrange(512)
+            m[off] ^= 1 << rng.randrange(8)
+            if rng.randrange(2) and off not in range(12, 16):
+                m[12:16] = tcdisk.crc32c(bytes(m[:12]) + bytes(4) + bytes(m[16:512])) \
+                    .to_bytes(4, "little")
+        elif len(m) > base + 32:
+            slot = rng.randrange((len(m) - base) // 32)
+            e = base + slot * 32
+            if where == 1:
+                off = e + rng.choice([16, 17, 28, 29, 30, 31])
+            else:
+                off = e + rng.randrange(32)
+            m[off] ^= 1 << rng.randrange(8)
+            if where == 3 and off - e not in range(24, 28):
+                raw = bytes(m[e:e + 32])
+                m[e + 24:e + 28] = tcdisk.crc32c(raw[:24] + bytes(4) + raw[28:]) \
+                    .to_bytes(4, "little")
+        yield f"mutation {k} ({where})", bytes(m)
+
+
+def test_against_c(build):
+    with tempfile.TemporaryDirectory(prefix="tcdisk-") as d:
+        tmp = Path(d)
+        seeds = tmp / "seeds"
+        seeds.mkdir()
+        subprocess.run([str(build / "mkseeds"), str(seeds)], check=True)
+        names = sorted(p.name for p in seeds.iterdir())
+        check({"v1", "old-gen", "garbage", "mixed", "bad-entries"} <= set(names), names)
+        rng = random.Random(20240611)
+        states = set()
+        for name in names:
+            img = (seeds / name).read_bytes()
+            lines = compare(build, tmp, name, img)
+            states.update(ln.split()[1] for ln in lines)
+            for what, m in mutations(img, rng, 40):
+                lines = compare(build, tmp, f"{name} {what}", m)
+                states.update(ln.split()[1] for ln in lines)
+        # every result of both decoders was compared at least once
+        want = {"valid", "bad_csum", "bad_version", "bad_fields", "empty", "foreign",
+                "clean", "dirty", "uncommitted", "bad_flags", "bad_block"}
+        check(want <= states, f"results never compared: {sorted(want - states)}")
+
+        # tcdisk's encoder writes what the C encoder wrote
+        img = (seeds / "mixed").read_bytes()
+        sb = tcdisk.decode_sb(img)
+        check(tcdisk.encode_sb(sb.nr_slots, sb.block_sectors, sb.commit_seq,
+                               sb.origin_sectors, sb.gen, b"TIERCACHE-t") == img[:512],
+              "encode_sb differs from tc_sb_encode")
+        off = tcdisk.entry_offset(7)
+        check(tcdisk.encode_entry(7, 10, True, 7, sb.gen) == img[off:off + 32],
+              "encode_entry differs from tc_de_encode")
+        v1 = (seeds / "v1").read_bytes()
+        sb1 = tcdisk.decode_sb(v1)
+        check(tcdisk.encode_sb(sb1.nr_slots, 8, 7, 16384, 0, b"TIERCACHE-t",
+                               version=1) == v1[:512], "a version 1 superblock differs")
+
+
+def image(gen=0x600dcafe, version=tcdisk.VERSION, nr_slots=300, commit_seq=9,
+          entries=(), fill=None):
+    """A superblock and entry area: @entries (slot, block, dirty, seq, gen),
+    the other entries' bytes from @fill (default zero)."""
+    sb = tcdisk.encode_sb(nr_slots, 8, commit_seq, 1 << 20, gen, version=version)
+    area = bytearray(fill if fill is not None else bytes(tcdisk.meta_blocks(nr_slots) * 4096))
+    for slot, block, dirty, seq, egen in entries:
+        area[slot * 32:slot * 32 + 32] = tcdisk.encode_entry(slot, block, dirty, seq, egen)
+    return sb + bytes(tcdisk.META_START * 512 - 512) + bytes(area)
+
+
+def decode(img):
+    sb = tcdisk.decode_sb(img[:512])
+    base = tcdisk.META_START * 512
+    return sb, dict(tcdisk.entries(img[base:], sb))
+
+
+def counts(es):
+    c = {}
+    for e in es.values():
+        c[e.state] = c.get(e.state, 0) + 1
+    return c
+
+
+def test_synthetic():
+    g = 0x600dcafe
+    # version 1: generation 0, its entries (gen word zero) are ours
+    sb, es = decode(image(gen=0, version=1, entries=[(3, 40, True, 5, 0), (4, 41, False, 9, 0),
+                                                     (5, 42, True, 10, 0)]))
+    check(sb.ok and sb.version == 1 and sb.gen == 0, f"v1 superblock: {sb}")
+    check(es[3] == tcdisk.Entry(tcdisk.DIRTY, 40, 5, True), f"v1 dirty entry: {es[3]}")
+    check(es[4].state == tcdisk.CLEAN and es[5].state == tcdisk.UNCOMMITTED, "v1 entries")
+    check(counts(es)[tcdisk.EMPTY] == 297, "v1 empty slots")
+    # version 1 with a generation word: a bad field; unknown versions
+    check(tcdisk.decode_sb(tcdisk.encode_sb(300, 8, 9, 1 << 20, 5, version=1)).state
+          == tcdisk.SB_BAD_FIELDS, "v1 with a generation")
+    for v in (0, 3):
+        check(tcdisk.decode_sb(tcdisk.encode_sb(300, 8, 9, 1 << 20, g, version=v)).state
+              == tcdisk.SB_BAD_VERSION, f"version {v}")
+    check(tcdisk.decode_sb(bytes(512)).state == tcdisk.SB_BLANK, "blank")
+
+    # a garbage entry area (a fresh format over a used device): all foreign
+    rng = random.Random(11)
+    junk = rng.randbytes(tcdisk.meta_blocks(300) * 4096)
+    sb, es = decode(image(fill=junk))
+    check(sb.ok and sb.gen == g, f"v2 superblock: {sb}")
+    check(counts(es) == {tcdisk.FOREIGN: 300}, f"garbage area: {counts(es)}")
+    # ... with two entries of this generation among the garbage
+    sb, es = decode(image(fill=junk, entries=[(7, 70, True, 9, g), (8, 71, False, 1, g)]))
+    check(counts(es) == {tcdisk.FOREIGN: 298, tcdisk.DIRTY: 1, tcdisk.CLEAN: 1},
+          f"garbage and entries: {counts(es)}")
+
+    # the previous generation's committed dirty entry, and a misplaced one
+    sb, es = decode(image(entries=[(3, 40, True, 5, g - 1), (4, 41, True, 5, g)]))
+    check(es[3] == tcdisk.Entry(tcdisk.FOREIGN, None, None, None), f"old gen: {es[3]}")
+    check(es[4].state == tcdisk.DIRTY, f"this gen: {es[4]}")
+    img = bytearray(image(entries=[(4, 41, True, 5, g)]))
+    base = tcdisk.META_START * 512
+    img[base + 5 * 32:base + 6 * 32] = img[base + 4 * 32:base + 5 * 32]
+    sb, es = decode(bytes(img))
+    check(es[5].state == tcdisk.FOREIGN, f"misplaced entry: {es[5]}")
+
+    # a corrupt entry of this generation is still corrupt
+    img = bytearray(image(entries=[(4, 41, True, 5, g)]))
+    img[base + 4 * 32] ^= 1
+    sb, es = decode(bytes(img))
+    check(es[4].state == tcdisk.BAD_CSUM, f"corrupt entry: {es[4]}")
+    sb, es = decode(image(entries=[(4, (1 << 20) // 8, True, 5, g)]))
+    check(es[4].state == tcdisk.BAD_BLOCK and es[4].dirty, f"block beyond: {es[4]}")
+
+
+def main():
+    build = Path(sys.argv[1] if len(sys.argv) > 1 else "build").resolve()
+    test_synthetic()
+    test_against_c(build)
+    if failures:
+        print(f"test_tcdisk: {len(failures)} failure(s)", file=sys.stderr)
+        return 1
+    print("test_tcdisk: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+# SPDX-License-Identifier: GPL-2.0
+"""The cache device's on-disk format, decoded as the module decodes it.
+
+dm-tiercache/tc_disk.h is the definition and tc_disk.c the decoder; this
+is the one Python copy, for the tests that read a cache device themselves
+(faults.py, test_80_persist.py, test_81_logwrites.py, tests/crash/phase.py).
+Pure functions over bytes: callers read the device.  tests/host/
+test_tcdisk.py checks it against the C decoder on images the C encoder
+wrote, and on synthetic ones.
+
+Format version 2: the superblock and every entry carry a format
+generation.  An entry is *ours* only if its gen is the superblock's and
+its slot field its own index; an all-zero entry is EMPTY and any other
+entry FOREIGN (an earlier format's, or bytes the device held before),
+which is a free slot too.  Only our entries are checked further
+(checksum, flags, block, sequence).  Version 1 (no generation: the words
+were reserved and zero) reads as generation 0.
+"""
+
+import struct
+from collections import namedtuple
+
+MAGIC = b"TIERCACH"
+VERSION = 2                 # what the module writes
+VERSION_V1 = 1              # still read, as generation 0
+SB_BYTES = 512
+META_START = 8              # sector of the first entry
+MBLOCK = 4096               # bytes of a metadata block
+ENTRY_BYTES = 32
+ENTRIES_PER_MBLOCK = MBLOCK // ENTRY_BYTES
+MAX_SLOTS = 0xFFFFFFFF
+
+# magic, version, csum, commit_seq, block_sectors, flags, nr_slots,
+# meta_start, data_start, origin_sectors, uuid, gen, reserved
+SB = struct.Struct("<8sIIQIIQQQQ128sI316s")
+ENTRY = struct.Struct("<QQIIII")        # block, seq, slot, flags, csum, gen
+SB_CSUM_OFF, ENTRY_CSUM_OFF = 12, 24
+DE_VALID, DE_DIRTY = 1, 2
+ZERO_ENTRY = bytes(ENTRY_BYTES)
+
+# tc_sb_result
+SB_OK, SB_BLANK, SB_BAD_CSUM, SB_BAD_VERSION, SB_BAD_FIELDS = (
+    "valid", "blank", "bad_csum", "bad_version", "bad_fields")
+# tc_de_result
+EMPTY, FOREIGN, CLEAN, DIRTY, UNCOMMITTED, BAD_CSUM, BAD_FLAGS, BAD_BLOCK = (
+    "empty", "foreign", "clean", "dirty", "uncommitted", "bad_csum",
+    "bad_flags", "bad_block")
+FREE = (EMPTY, FOREIGN)                 # slots that hold nothing
+CORRUPT = (BAD_CSUM, BAD_FLAGS, BAD_BLOCK)   # a load refuses these
+
+
+def _crc32c_table():
+    t = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+        t.append(c)
+    return t
+
+
+_CRC32C = _crc32c_table()
+
+
+def crc32c(data):
+    """CRC-32C (Castagnoli) as tc_disk_crc(): init ~0, reflected, final ~."""
+    crc = 0xFFFFFFFF
+    t = _CRC32C
+    for b in data:
+        crc = t[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+assert crc32c(b"123456789") == 0xE3069283
+
+
+def _csum(raw, off):
+    """The CRC-32C of @raw with its 4-byte checksum field at @off zero."""
+    return crc32c(raw[:off] + bytes(4) + raw[off + 4:])
+
+
+def meta_blocks(nr_slots):
+    return (nr_slots + ENTRIES_PER_MBLOCK - 1) // ENTRIES_PER_MBLOCK
+
+
+def data_start(nr_slots, block_sectors):
+    end = META_START + meta_blocks(nr_slots) * (MBLOCK // 512)
+    return (end + block_sectors - 1) // block_sectors * block_sectors
+
+
+def entry_offset(slot):
+    """Byte offset of @slot's entry on the device (a plain array)."""
+    return META_START * 512 + slot * ENTRY_BYTES
+
+
+class Superblock(namedtuple("Superblock", "state version commit_seq block_sectors flags "
+                                          "nr_slots meta_start data_start origin_sectors "
+                                          "uuid gen")):
+    """A decoded superblock.  The fields are what the sector holds even
+    when it does not decode (state says whether it does)."""
+
+    @property
+    def ok(self):
+        return self.state == SB_OK
+
+    @property
+    def nr_blocks(self):
+        """Whole origin blocks: an entry must name a block below this."""
+        return self.origin_sectors // self.block_sectors if self.block_sectors else 0
+
+    @property
+    def entries_bytes(self):
+        """Bytes of the entry area (whole metadata blocks)."""
+        return meta_blocks(self.nr_slots) * MBLOCK
+
+
+def _sb_fields_ok(sb, reserved):
+    bs = sb.block_sectors
+    return (not sb.flags and 8 <= bs <= 2048 and not bs & (bs - 1)
+            and 1 <= sb.nr_slots <= MAX_SLOTS and sb.meta_start == META_START
+            and sb.origin_sectors and sb.data_start == data_start(sb.nr_slots, bs)
+            and not any(reserved)
+            and (sb.version != VERSION_V1 or not sb.gen))
+
+
+def decode_sb(raw):
+    """Decode the first sector of a cache device (tc_sb_decode)."""
+    raw = bytes(raw[:SB_BYTES]).ljust(SB_BYTES, b"\0")
+    (magic, version, csum, commit_seq, block_sectors, flags, nr_slots, meta_start,
+     dstart, origin_sectors, uuid, gen, reserved) = SB.unpack(raw)
+    sb = Superblock(None, version, commit_seq, block_sectors, flags, nr_slots,
+                    meta_start, dstart, origin_sectors,
+                    uuid.split(b"\0", 1)[0].decode(errors="replace"), gen)
+    if magic != MAGIC:
+        state = SB_BLANK
+    elif _csum(raw, SB_CSUM_OFF) != csum:
+        state = SB_BAD_CSUM
+    elif version not in (VERSION, VERSION_V1):
+        state = SB_BAD_VERSION
+    elif not _sb_fields_ok(sb, reserved):
+        state = SB_BAD_FIELDS
+    else:
+        state = SB_OK
+    return sb._replace(state=state)
+
+
+# block, seq and dirty are None where the decoder did not get that far
+Entry = namedtuple("Entry", "state block seq dirty")
+
+
+def decode_entry(raw, slot, gen, nr_blocks, commit_seq):
+    """Decode the entry of @slot under a superblock of generation @gen
+    (tc_de_decode)."""
+    raw = bytes(raw)
+    if raw == ZERO_ENTRY:
+        return Entry(EMPTY, None, None, None)
+    block, seq, eslot, flags, csum, egen = ENTRY.unpack(raw)
+    if egen != gen or eslot != slot & 0xFFFFFFFF:
+        return Entry(FOREIGN, None, None, None)
+    if _csum(raw, ENTRY_CSUM_OFF) != csum:
+        return Entry(BAD_CSUM, None, None, None)
+    if not flags & DE_VALID or flags & ~(DE_VALID | DE_DIRTY):
+        return Entry(BAD_FLAGS, None, None, None)
+    dirty = bool(flags & DE_DIRTY)
+    if block >= nr_blocks:
+        state = BAD_BLOCK
+    elif seq > commit_seq:
+        state = UNCOMMITTED
+    else:
+        state = DIRTY if dirty else CLEAN
+    return Entry(state, block, seq, dirty)
+
+
+def entries(area, sb, nr_blocks=None):
+    """(slot, Entry) for every slot of @sb, from @area: the bytes of the
+    entry area (from sector META_START).  @nr_blocks: the origin's whole
+    blocks (default: the superblock's)."""
+    if nr_blocks is None:
+        nr_blocks = sb.nr_blocks
+    for s in range(sb.nr_slots):
+        raw = area[s * ENTRY_BYTES:(s + 1) * ENTRY_BYTES]
+        yield s, decode_entry(raw, s, sb.gen, nr_blocks, sb.commit_seq)
+
+
+# ---------------------------------------------------------------- encoding (tests)
+
+def encode_entry(slot, block, dirty, seq, gen):
+    """An entry as tc_de_encode writes it."""
+    flags = DE_VALID | (DE_DIRTY if dirty else 0)
+    raw = ENTRY.pack(block, seq, slot & 0xFFFFFFFF, flags, 0, gen)
+    return raw[:ENTRY_CSUM_OFF] + struct.pack("<I", crc32c(raw)) + raw[ENTRY_CSUM_OFF + 4:]
+
+
+def encode_sb(nr_slots, block_sectors, commit_seq, origin_sectors, gen, uuid=b"",
+              version=VERSION):
+    """A superblock as tc_sb_encode writes it (@version 1: as the version 1
+    code wrote it; @gen must then be 0)."""
+    raw = SB.pack(MAGIC, version, 0, commit_seq, block_sectors, 0, nr_slots, META_START,
+                  data_start(nr_slots, block_sectors), origin_sectors,
+                  uuid.ljust(128, b"\0"), gen, bytes(316))
+    return raw[:SB_CSUM_OFF] + struct.pack("<I", crc32c(raw)) + raw[SB_CSUM_OFF + 4:]
