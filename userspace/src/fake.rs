@@ -139,6 +139,8 @@ pub struct FakeDm {
     pub reject_tiercache: Cell<bool>,
     /// A status line override (to test the parser's error path).
     pub bad_status: RefCell<Option<String>>,
+    /// This many removes fail with EBUSY (a udev probe holding the device).
+    pub busy_removes: Cell<u32>,
 }
 
 impl FakeDm {
@@ -332,6 +334,10 @@ impl Dm for FakeDm {
         self.log(format!("remove {name}"));
         let mut devs = self.devs.borrow_mut();
         let d = devs.get(name).ok_or_else(|| Self::nodev(name))?;
+        if self.busy_removes.get() > 0 {
+            self.busy_removes.set(self.busy_removes.get() - 1);
+            return Err(busy(format!("{name}: remove: device or resource busy")));
+        }
         if d.info.open_count > 0 {
             return Err(busy(format!("{name}: remove: device or resource busy")));
         }

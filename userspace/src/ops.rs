@@ -999,6 +999,51 @@ impl<'a> Ctx<'a> {
         Ok(n)
     }
 
+    /// Suspend `name`, check what it holds, remove it; returns the status
+    /// it had once suspended.  Nothing new can arrive while suspended: the
+    /// dirty count checked is the one dropped.  A udev probe queued before
+    /// the suspend opens the device and blocks on it while it is suspended,
+    /// so the remove finds it busy until a resume: then resume, let the
+    /// probe end, and try again.
+    fn suspend_and_remove(&self, name: &str, force: bool) -> Result<Status> {
+        const ATTEMPTS: u32 = 3;
+        let mut attempt = 1;
+        loop {
+            self.dm.suspend(name, true)?;
+            let st = match self.refresh(name) {
+                Ok((_, st)) => st,
+                Err(e) => {
+                    let _ = self.dm.resume(name);
+                    return Err(e);
+                }
+            };
+            if st.dirty_blocks > 0 && !force {
+                let _ = self.dm.resume(name);
+                let what = format!(
+                    "{name}: refusing to remove: the cache holds {} of dirty data ({} blocks) not yet on the origin",
+                    fmt_bytes(st.dirty_bytes()),
+                    st.dirty_blocks
+                );
+                return Err(Error::new(Kind::Dirty, what).hint(format!(
+                    "run 'tiercache flush --wait {name}' (or drop the --no-flush), or pass --force to remove it anyway (the dirty data stays on the cache device, not on the origin)"
+                )));
+            }
+            let e = match self.dm.remove(name) {
+                Ok(()) => return Ok(st),
+                Err(e) => e,
+            };
+            let _ = self.dm.resume(name);
+            if e.kind != Kind::Busy || attempt == ATTEMPTS {
+                return Err(e);
+            }
+            attempt += 1;
+            let info = self.dm.info(name)?.ok_or_else(|| e.clone())?;
+            if self.open_count_settled(name, &info)? > 0 {
+                return Err(e);
+            }
+        }
+    }
+
     /// Flush (unless `no_flush`), then remove.  Dirty data is only ever
     /// dropped with `force`.
     pub fn remove(&self, name: &str, no_flush: bool, force: bool, o: FlushOpts) -> Result<()> {
@@ -1046,31 +1091,7 @@ impl<'a> Ctx<'a> {
                 Err(e) => return Err(e),
             }
         }
-        // Nothing new can arrive while suspended: the count we check is the
-        // one we drop.
-        self.dm.suspend(name, true)?;
-        let (_, st) = match self.refresh(name) {
-            Ok(x) => x,
-            Err(e) => {
-                let _ = self.dm.resume(name);
-                return Err(e);
-            }
-        };
-        if st.dirty_blocks > 0 && !force {
-            let _ = self.dm.resume(name);
-            let what = format!(
-                "{name}: refusing to remove: the cache holds {} of dirty data ({} blocks) not yet on the origin",
-                fmt_bytes(st.dirty_bytes()),
-                st.dirty_blocks
-            );
-            return Err(Error::new(Kind::Dirty, what).hint(format!(
-                "run 'tiercache flush --wait {name}' (or drop the --no-flush), or pass --force to remove it anyway (the dirty data stays on the cache device, not on the origin)"
-            )));
-        }
-        if let Err(e) = self.dm.remove(name) {
-            let _ = self.dm.resume(name);
-            return Err(e);
-        }
+        let st = self.suspend_and_remove(name, force)?;
         self.host.remove_nodes(name);
         if st.dirty_blocks > 0 {
             errln!(

@@ -366,6 +366,33 @@ fn remove_flushes_first() {
 }
 
 #[test]
+fn remove_retries_a_device_busy_while_suspended() {
+    // A udev probe opened the device just before the suspend: the remove
+    // finds it busy, the device is resumed (the probe ends) and removed.
+    let t = T::new();
+    t.cached("c", 300);
+    t.dm.busy_removes.set(1);
+    t.ctx().remove("c", true, true, quiet()).unwrap();
+    let log = t.log();
+    let n = |s: &str| log.iter().filter(|l| *l == s).count();
+    assert_eq!(
+        (n("suspend c"), n("resume c"), n("remove c")),
+        (2, 1, 2),
+        "{log:?}"
+    );
+    assert!(!t.dm.devs.borrow().contains_key("c"));
+
+    // Busy on every attempt: the error, and the device left resumed.
+    let t = T::new();
+    t.cached("c", 0);
+    t.dm.busy_removes.set(10);
+    let e = t.ctx().remove("c", true, false, quiet()).unwrap_err();
+    assert_eq!(e.kind, Kind::Busy);
+    assert_eq!(t.log().iter().filter(|l| *l == "remove c").count(), 3);
+    assert!(!t.dm.devs.borrow()["c"].info.suspended, "left suspended");
+}
+
+#[test]
 fn remove_refusals() {
     let t = T::new();
     t.cached("c", 0);
