@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tc_disk.h"
+#include "tc_disk_test.h"
 
 struct seed_entry {
 	u64 slot, block;
@@ -33,18 +33,6 @@ enum spoil {
 	SPOIL_OLD_GEN,		/* every other entry of the previous gen */
 	SPOIL_GARBAGE,		/* random bytes in the free entries */
 };
-
-static void sb_resum(struct tc_disk_sb *sb)
-{
-	sb->csum = 0;
-	sb->csum = cpu_to_le32(tc_disk_crc(sb, sizeof(*sb)));
-}
-
-static void de_resum(struct tc_disk_entry *d)
-{
-	d->csum = 0;
-	d->csum = cpu_to_le32(tc_disk_crc(d, sizeof(*d)));
-}
 
 /* Random bytes in every all-zero entry (xorshift64, fixed seed). */
 static void fill_garbage(struct tc_disk_entry *de, u64 nr)

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tc_disk.h"
+#include "tc_disk_test.h"
 
 static int failures;
 
@@ -77,18 +77,6 @@ static void sample_sb(struct tc_sb_info *i)
 	i->origin_sectors = 1 << 21;
 	i->gen = 0xc0ffee01;
 	strcpy(i->uuid, "TIERCACHE-test");
-}
-
-static void sb_resum(struct tc_disk_sb *sb)
-{
-	sb->csum = 0;
-	sb->csum = cpu_to_le32(tc_disk_crc(sb, sizeof(*sb)));
-}
-
-static void de_resum(struct tc_disk_entry *d)
-{
-	d->csum = 0;
-	d->csum = cpu_to_le32(tc_disk_crc(d, sizeof(*d)));
 }
 
 /* A small deterministic generator (xorshift64) for garbage bytes. */

@@ -952,6 +952,18 @@ impl ReadAt for MemImage {
     }
 }
 
+/// Pseudo-random bytes (xorshift64), the same on every run: what a
+/// device held before it was formatted.  For tests.
+#[cfg(test)]
+pub fn garbage(buf: &mut [u8], mut x: u64) {
+    for b in buf {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+}
+
 /// Build a formatted cache image of `cache_sectors` with the given entries
 /// `(slot, block, dirty, seq)`, the data of each entry's slot filled with
 /// `fill(block)`.  For tests, here so that every test builds images the
@@ -1155,16 +1167,6 @@ mod tests {
             }]
         );
         assert!(s.unique_dirty().is_empty());
-    }
-
-    /// Pseudo-random bytes (xorshift64), the same on every run.
-    fn garbage(buf: &mut [u8], mut x: u64) {
-        for b in buf {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            *b = x as u8;
-        }
     }
 
     #[test]

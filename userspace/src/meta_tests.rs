@@ -2,7 +2,7 @@
 //! check, dump and writeback on image files built with the C encoder.
 
 use super::*;
-use crate::disk::{build_image, ffi};
+use crate::disk::{build_image, ffi, garbage};
 use std::path::PathBuf;
 
 /// A directory under the system temp dir, removed when dropped.
@@ -533,16 +533,6 @@ fn version_1_image_still_reads() {
     let e = disk::decode_entry(&after[entry_off(7)..entry_off(7) + 32], 7, 2048, 7, 0);
     assert_eq!((e.state, e.block), (EntryState::Clean, Some(10)));
     assert_eq!(&after[entry_off(7) + 28..entry_off(7) + 32], &[0u8; 4]);
-}
-
-/// Pseudo-random bytes (xorshift64), the same on every run.
-fn garbage(buf: &mut [u8], mut x: u64) {
-    for b in buf {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        *b = x as u8;
-    }
 }
 
 #[test]
