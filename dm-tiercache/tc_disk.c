@@ -195,26 +195,57 @@ static bool tc_de_is_zero(const struct tc_disk_entry *d)
 	return !memcmp(d, &zero, sizeof(*d));
 }
 
+/* The CRC-32C of @d with its checksum zero and @slot and @gen put in. */
+static u32 tc_de_crc(const struct tc_disk_entry *d, __le32 slot, __le32 gen)
+{
+	struct tc_disk_entry tmp = *d;
+
+	tmp.slot = slot;
+	tmp.gen = gen;
+	tmp.csum = 0;
+	return tc_disk_crc(&tmp, sizeof(tmp));
+}
+
+/*
+ * A non-zero entry of @slot that is not ours under generation @gen (its
+ * gen or slot word differs): foreign, unless it is an entry of this
+ * generation that was damaged or written in the wrong place (tc_disk.h).
+ */
+static enum tc_de_result tc_de_decode_other(const struct tc_disk_entry *d,
+					    u32 slot, u32 gen)
+{
+	const __le32 own_slot = cpu_to_le32(slot), own_gen = cpu_to_le32(gen);
+	const u32 csum = le32_to_cpu(d->csum);
+
+	/* well formed as it stands: an older generation's, or misplaced */
+	if (tc_de_crc(d, d->slot, d->gen) == csum)
+		return d->gen == own_gen ? TC_DE_BAD_SLOT : TC_DE_FOREIGN;
+	/* one word of ours damaged: the checksum holds with it put back */
+	if ((d->slot == own_slot || d->gen == own_gen) &&
+	    tc_de_crc(d, own_slot, own_gen) == csum)
+		return TC_DE_BAD_CSUM;
+	return TC_DE_FOREIGN;
+}
+
 /*
  * Decode the entry of @slot under a superblock of generation @gen.  Only
  * an entry of that generation naming its own slot is checked further: any
  * other non-zero entry is foreign (left by an earlier format, or bytes the
- * device held before), a free slot like an all-zero one.
+ * device held before), a free slot like an all-zero one, unless it is one
+ * of ours with its gen or slot word damaged (a checksum mismatch) or one
+ * of this generation for another slot (misplaced).
  */
 enum tc_de_result tc_de_decode(const struct tc_disk_entry *d, u64 slot,
 			       u64 nr_blocks, u64 commit_seq, u32 gen,
 			       struct tc_de_info *i)
 {
-	struct tc_disk_entry tmp;
 	u32 flags;
 
 	if (tc_de_is_zero(d))
 		return TC_DE_EMPTY;
 	if (le32_to_cpu(d->gen) != gen || le32_to_cpu(d->slot) != (u32)slot)
-		return TC_DE_FOREIGN;
-	tmp = *d;
-	tmp.csum = 0;
-	if (tc_disk_crc(&tmp, sizeof(tmp)) != le32_to_cpu(d->csum))
+		return tc_de_decode_other(d, (u32)slot, gen);
+	if (tc_de_crc(d, d->slot, d->gen) != le32_to_cpu(d->csum))
 		return TC_DE_BAD_CSUM;
 	flags = le32_to_cpu(d->flags);
 	if (!(flags & TC_DE_VALID) || (flags & ~(TC_DE_VALID | TC_DE_DIRTY)))
@@ -241,7 +272,7 @@ const char *tc_de_result_str(enum tc_de_result r)
 	case TC_DE_EMPTY:
 		return "empty";
 	case TC_DE_FOREIGN:
-		return "foreign (another format generation or slot: empty)";
+		return "foreign (another format generation's, or leftover bytes: empty)";
 	case TC_DE_CLEAN:
 		return "clean";
 	case TC_DE_DIRTY_OK:
@@ -250,6 +281,8 @@ const char *tc_de_result_str(enum tc_de_result r)
 		return "uncommitted (newer than the superblock: ignored)";
 	case TC_DE_BAD_CSUM:
 		return "checksum mismatch";
+	case TC_DE_BAD_SLOT:
+		return "slot number does not match its position (misdirected write)";
 	case TC_DE_BAD_FLAGS:
 		return "invalid flags";
 	case TC_DE_BAD_BLOCK:

@@ -35,8 +35,9 @@
  * writes carries the generation of its superblock.  An entry is *ours*
  * only if its gen equals the superblock's and its slot field equals its
  * own index; an all-zero entry is empty, and any other entry is *foreign*
- * (TC_DE_FOREIGN) and reads as empty too.  Only our entries are checked
- * further (checksum, flags, block, sequence): leftover bytes never make a
+ * (TC_DE_FOREIGN) and reads as empty too, with two exceptions below (a
+ * damaged identity word, a misplaced entry).  Only our entries are checked
+ * further (checksum, flags, block, sequence): leftover bytes do not make a
  * load fail, while a corrupt entry of this generation still does.
  *
  * Why leftovers cannot pass for ours:
@@ -53,6 +54,34 @@
  * - entries of a cache whose superblock was wiped or torn: the new random
  *   generation equals theirs with probability 2^-32 per such format.
  * Generation 0 is never chosen: it is the generation of version 1 caches.
+ *
+ * The exceptions.  Damage to the gen or slot word of one of our entries
+ * would make it foreign and drop its block silently, and a metadata block
+ * of this generation written in another block's place would read as free
+ * slots.  So a non-zero entry that is not ours is tested further, with its
+ * CRC-32C:
+ * - it holds as stored: a well-formed entry.  Of another generation, it
+ *   is foreign (an earlier format's, in its place or not); of this
+ *   generation, its slot word names another slot: TC_DE_BAD_SLOT (a
+ *   misdirected write, of a 4 KiB block or of a sector);
+ * - it holds with the superblock's gen and the own index put in, and one
+ *   of the two words already matched: one of ours damaged in the other
+ *   word only (any bits of it): TC_DE_BAD_CSUM, as before version 2;
+ * - else foreign.
+ * The CRC-32C detects every error within 32 consecutive bits, so no entry
+ * passes it under two values of one word: a genuine entry of an earlier
+ * generation passes as stored and never with this gen put in, so it is
+ * never refused (one that has rotted too is refused if the rot makes its
+ * gen word ours, or with probability 2^-32 if rot and new gen cancel in
+ * the CRC).  Leftover bytes that look random are refused with probability
+ * 2^-64 per entry (2^-32 for a full 2^32-slot area): they must match the
+ * gen or the slot word (2^-32) and pass the CRC-32C (2^-32), as stored if
+ * the gen matched, or with the other word put in.  Entries of an old
+ * cache moved by a new layout of the device (a partition start changed)
+ * are misplaced only if the new random generation is theirs (2^-32 per
+ * such format).  Not detected: one of ours damaged in both words, or in
+ * one and another field (it reads as foreign), and a misdirected block of
+ * empty (all-zero) entries.
  *
  * Version 1 (no generation: the superblock's gen was reserved and zero,
  * the entry's gen word was reserved and zero, and a format zeroed the
@@ -153,11 +182,12 @@ enum tc_sb_result {
 
 enum tc_de_result {
 	TC_DE_EMPTY,		/* all zero: a free slot */
-	TC_DE_FOREIGN,		/* another generation or slot: a free slot */
+	TC_DE_FOREIGN,		/* another generation's, or leftover bytes */
 	TC_DE_CLEAN,
 	TC_DE_DIRTY_OK,		/* a committed dirty block */
 	TC_DE_UNCOMMITTED,	/* written by a commit that did not end */
-	TC_DE_BAD_CSUM,
+	TC_DE_BAD_CSUM,		/* of ours: any field, or gen or slot alone */
+	TC_DE_BAD_SLOT,		/* this generation's, another slot's (moved) */
 	TC_DE_BAD_FLAGS,
 	TC_DE_BAD_BLOCK,	/* beyond the origin */
 };

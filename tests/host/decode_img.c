@@ -51,6 +51,8 @@ static const char *de_name(enum tc_de_result r)
 		return "uncommitted";
 	case TC_DE_BAD_CSUM:
 		return "bad_csum";
+	case TC_DE_BAD_SLOT:
+		return "bad_slot";
 	case TC_DE_BAD_FLAGS:
 		return "bad_flags";
 	case TC_DE_BAD_BLOCK:

@@ -21,10 +21,14 @@
  *   tc_de_encode writes for its fields (nothing else is accepted), and the
  *   result agrees with the fields (dirty flag, block below the origin,
  *   sequence against the commit);
- * - an all-zero entry is empty and nothing else is; a non-zero entry is
- *   foreign exactly when its generation or slot word differs from the
- *   generation and slot it is decoded for, and garbage is never more than
- *   foreign unless it holds both;
+ * - an all-zero entry is empty and nothing else is; a non-zero entry whose
+ *   generation or slot word differs from the generation and slot it is
+ *   decoded for is foreign, a checksum mismatch or misplaced, and which
+ *   one agrees with the decoder's verdicts on the entry decoded for its
+ *   own slot and generation and on the entry with the two words put
+ *   back: misplaced exactly when it is of this generation and passes its
+ *   checksum as stored, a checksum mismatch exactly when it does not but
+ *   passes it with the one differing word put back, foreign otherwise;
  * - a layout fits the device and is block aligned, and (for device sizes
  *   below 2^54 sectors) one more slot would not fit.
  *
@@ -105,6 +109,35 @@ static void fuzz_sb(const struct tc_disk_sb *sb, struct tc_sb_info *out,
 	*out = i;
 }
 
+/*
+ * The verdict on a non-zero entry that is not ours, from the decoder's
+ * verdicts on entries that are: @d decoded for its own slot and generation
+ * (does it pass its checksum as stored?), and @d with @slot and @gen put
+ * back (does it pass it so?).
+ */
+static enum tc_de_result other_expected(const struct tc_disk_entry *d,
+					u64 slot, u32 gen)
+{
+	const u32 dslot = le32toh(d->slot), dgen = le32toh(d->gen);
+	struct tc_disk_entry fixed = *d;
+	struct tc_de_info i;
+
+	if (tc_de_decode(d, dslot, ~0ULL, ~0ULL, dgen, &i) != TC_DE_BAD_CSUM)
+		return dgen == gen ? TC_DE_BAD_SLOT : TC_DE_FOREIGN;
+	if (dslot != (u32)slot && dgen != gen)
+		return TC_DE_FOREIGN;
+	fixed.slot = htole32((u32)slot);
+	fixed.gen = htole32(gen);
+	/* (all zero, it is empty: its checksum word 0 is not its CRC) */
+	switch (tc_de_decode(&fixed, slot, ~0ULL, ~0ULL, gen, &i)) {
+	case TC_DE_BAD_CSUM:
+	case TC_DE_EMPTY:
+		return TC_DE_FOREIGN;
+	default:
+		return TC_DE_BAD_CSUM;
+	}
+}
+
 static void fuzz_entry(const struct tc_disk_entry *d, u64 slot,
 		       u64 nr_blocks, u64 commit_seq, u32 gen)
 {
@@ -120,8 +153,11 @@ static void fuzz_entry(const struct tc_disk_entry *d, u64 slot,
 	FUZZ_ASSERT(r <= TC_DE_BAD_BLOCK);
 	FUZZ_ASSERT(tc_de_result_str(r) != NULL);
 	FUZZ_ASSERT((r == TC_DE_EMPTY) == is_zero);
-	FUZZ_ASSERT((r == TC_DE_FOREIGN) == (!is_zero && !ours));
-	FUZZ_ASSERT(tc_de_free(r) == (is_zero || !ours));
+	FUZZ_ASSERT(r != TC_DE_FOREIGN || !ours);
+	FUZZ_ASSERT(r != TC_DE_BAD_SLOT || !ours);
+	FUZZ_ASSERT(tc_de_free(r) == (r == TC_DE_EMPTY || r == TC_DE_FOREIGN));
+	if (!is_zero && !ours)
+		FUZZ_ASSERT(r == other_expected(d, slot, gen));
 	switch (r) {
 	case TC_DE_CLEAN:
 	case TC_DE_DIRTY_OK:

@@ -7,7 +7,9 @@
  * entries with a wrong slot, flags or generation, blocks beyond the
  * origin), which random mutation alone rarely produces.  Also: a version 1
  * image (generation 0), entries of the previous generation among the
- * current ones, and an entry area full of garbage around valid entries.
+ * current ones, an entry area full of garbage around valid entries,
+ * entries damaged in their generation or slot word (no checksum fixed),
+ * and a metadata block written in another block's place.
  *
  *   mkseeds DIR
  */
@@ -32,6 +34,8 @@ enum spoil {
 	SPOIL_V1,		/* version 1: generation 0 */
 	SPOIL_OLD_GEN,		/* every other entry of the previous gen */
 	SPOIL_GARBAGE,		/* random bytes in the free entries */
+	SPOIL_IDS,		/* a bit of gen, of slot, of both flipped */
+	SPOIL_MISDIRECT,	/* metadata block 1 written over block 0 */
 };
 
 /* Random bytes in every all-zero entry (xorshift64, fixed seed). */
@@ -121,6 +125,19 @@ static int write_seed(const char *dir, const char *name, u64 cache_sectors,
 	case SPOIL_GARBAGE:
 		fill_garbage(de, i.layout.meta_blocks * TC_ENTRIES_PER_MBLOCK);
 		break;
+	case SPOIL_IDS:
+		if (n < 3)
+			break;
+		de[e[0].slot].gen ^= cpu_to_le32(1u << 20);
+		de[e[1].slot].slot ^= cpu_to_le32(1u << 7);
+		de[e[2].slot].gen ^= cpu_to_le32(1);
+		de[e[2].slot].slot ^= cpu_to_le32(1);
+		break;
+	case SPOIL_MISDIRECT:
+		if (i.layout.meta_blocks < 2)
+			break;
+		memcpy(de, de + TC_ENTRIES_PER_MBLOCK, TC_MBLOCK_BYTES);
+		break;
 	}
 	snprintf(path, sizeof(path), "%s/%s", dir, name);
 	f = fopen(path, "wb");
@@ -173,5 +190,9 @@ int main(int argc, char **argv)
 			"TIERCACHE-t", mixed, N(mixed), SPOIL_OLD_GEN);
 	r |= write_seed(dir, "garbage", 2200, 8, 1 << 20, 3, 0x600d, "",
 			two_blocks, N(two_blocks), SPOIL_GARBAGE);
+	r |= write_seed(dir, "damaged-ids", 1024, 8, 16384, 7, 0x8badf00d,
+			"TIERCACHE-t", mixed, N(mixed), SPOIL_IDS);
+	r |= write_seed(dir, "misdirected", 2200, 8, 1 << 20, 3, 0x600d, "",
+			two_blocks, N(two_blocks), SPOIL_MISDIRECT);
 	return r ? 1 : 0;
 }

@@ -209,19 +209,14 @@ static void test_entries(void)
 	CHECK(!i.dirty);
 
 	/*
-	 * Every flipped byte: in the slot or generation word the entry is no
-	 * longer of this slot and generation (foreign); anywhere else it is
-	 * ours and its checksum fails.
+	 * Every flipped bit is a checksum mismatch: in the slot or generation
+	 * word too, where the entry is no longer of this slot or generation
+	 * but passes its checksum with the word put back.
 	 */
-	for (k = 0; k < sizeof(d); k++) {
-		bool id = (k >= offsetof(struct tc_disk_entry, slot) &&
-			   k < offsetof(struct tc_disk_entry, slot) + 4) ||
-			  k >= offsetof(struct tc_disk_entry, gen);
-
+	for (k = 0; k < sizeof(d) * 8; k++) {
 		tc_de_encode(&d, 5, 77, true, 10, g);
-		raw[k] ^= 0x01;
-		CHECK(tc_de_decode(&d, 5, 100, 10, g, &i) ==
-		      (id ? TC_DE_FOREIGN : TC_DE_BAD_CSUM));
+		raw[k / 8] ^= 1u << (k % 8);
+		CHECK(tc_de_decode(&d, 5, 100, 10, g, &i) == TC_DE_BAD_CSUM);
 	}
 
 	/* dirty without valid, unknown bits: checksummed but wrong */
@@ -236,9 +231,10 @@ static void test_entries(void)
 }
 
 /*
- * Entries of other generations or slots: foreign, whatever else they say
- * (a valid dirty entry of the previous generation included), and written
- * again with this generation they are ours.
+ * Entries of other generations: foreign, whatever else they say (a valid
+ * dirty entry of the previous generation included), and written again
+ * with this generation they are ours.  An entry of this generation for
+ * another slot is misplaced.
  */
 static void test_foreign(void)
 {
@@ -251,9 +247,14 @@ static void test_foreign(void)
 	CHECK(tc_de_decode(&d, 5, 100, 10, g - 1, &i) == TC_DE_DIRTY_OK);
 	CHECK(tc_de_decode(&d, 5, 100, 10, g, &i) == TC_DE_FOREIGN);
 	CHECK(tc_de_decode(&d, 5, 100, 10, 0, &i) == TC_DE_FOREIGN);
+	/* ... in another slot's place too */
+	CHECK(tc_de_decode(&d, 6, 100, 10, g, &i) == TC_DE_FOREIGN);
 	/* of this generation, but another slot's (misplaced) */
 	tc_de_encode(&d, 5, 77, true, 10, g);
-	CHECK(tc_de_decode(&d, 6, 100, 10, g, &i) == TC_DE_FOREIGN);
+	CHECK(tc_de_decode(&d, 6, 100, 10, g, &i) == TC_DE_BAD_SLOT);
+	CHECK(tc_de_decode(&d, 5 + 128, 100, 10, g, &i) == TC_DE_BAD_SLOT);
+	CHECK(tc_de_decode(&d, 5, 100, 10, g + 1, &i) == TC_DE_FOREIGN);
+	CHECK(!tc_de_free(TC_DE_BAD_SLOT));
 	CHECK(tc_de_decode(&d, 5 + (1ull << 32), 100, 10, g, &i) ==
 	      TC_DE_DIRTY_OK);	/* slot numbers are 32-bit on disk */
 	/* foreign before anything else: a bad checksum or flags too */
@@ -287,9 +288,92 @@ static void test_v1_entries(void)
 	CHECK(tc_de_decode(&v1, 5, 100, 10, 0, &i) == TC_DE_DIRTY_OK);
 	CHECK(i.block == 77 && i.seq == 10 && i.dirty);
 	CHECK(tc_de_decode(&v1, 5, 100, 10, 1, &i) == TC_DE_FOREIGN);
+	/* misplaced, as version 1 said */
+	CHECK(tc_de_decode(&v1, 6, 100, 10, 0, &i) == TC_DE_BAD_SLOT);
 	/* a corrupt version 1 entry still fails the load */
 	v1.block ^= cpu_to_le64(4);
 	CHECK(tc_de_decode(&v1, 5, 100, 10, 0, &i) == TC_DE_BAD_CSUM);
+}
+
+static void random_entry(struct tc_disk_entry *d, u64 *slot, u32 *gen)
+{
+	*slot = (u32)rnd64();
+	*gen = (u32)rnd64();
+	tc_de_encode(d, *slot, rnd64() >> 1, rnd64() & 1, rnd64() >> 1, *gen);
+}
+
+/*
+ * Damage confined to the generation word or to the slot word of an entry
+ * of this generation: a checksum mismatch, whatever the bits.  Damage to
+ * both words: foreign (not detected).  An entry of an earlier generation
+ * is never taken for one of ours with its generation word damaged: the
+ * CRC-32C cannot hold under two values of one word.
+ */
+static void test_damaged_ids(void)
+{
+	struct tc_disk_entry d, e;
+	struct tc_de_info i;
+	unsigned int n, nr[TC_DE_BAD_BLOCK + 1] = { 0 };
+	u64 s;
+	u32 g, x;
+
+	for (n = 0; n < 200000; n++) {
+		random_entry(&d, &s, &g);
+		x = (u32)rnd64() | 1;	/* not zero */
+		e = d;
+		e.gen ^= cpu_to_le32(x);
+		CHECK(tc_de_decode(&e, s, ~0ull, ~0ull, g, &i) ==
+		      TC_DE_BAD_CSUM);
+		e = d;
+		e.slot ^= cpu_to_le32(x);
+		CHECK(tc_de_decode(&e, s, ~0ull, ~0ull, g, &i) ==
+		      TC_DE_BAD_CSUM);
+		e.gen ^= cpu_to_le32((u32)rnd64() | 1);
+		nr[tc_de_decode(&e, s, ~0ull, ~0ull, g, &i)]++;
+		/* another generation's, under this one: in place or not */
+		CHECK(tc_de_decode(&d, s, ~0ull, ~0ull, g ^ x, &i) ==
+		      TC_DE_FOREIGN);
+		CHECK(tc_de_decode(&d, s, ~0ull, ~0ull, g + 1, &i) ==
+		      TC_DE_FOREIGN);
+		CHECK(tc_de_decode(&d, (u32)(s + x), ~0ull, ~0ull, g ^ x, &i) ==
+		      TC_DE_FOREIGN);
+	}
+	CHECK(nr[TC_DE_FOREIGN] == 200000);
+}
+
+/*
+ * A metadata block written in another block's place (entries of slots
+ * 128 to 255 where slots 0 to 127 belong), and a sector in another
+ * sector's place: every non-zero entry is misplaced under this generation,
+ * foreign under a later one.
+ */
+static void test_misdirected(void)
+{
+	const u32 g = 0x0badbeef;
+	struct tc_disk_entry blk[TC_ENTRIES_PER_MBLOCK];
+	struct tc_de_info i;
+	const size_t per_sector = 512 / sizeof(blk[0]);
+	size_t k;
+
+	for (k = 0; k < TC_ENTRIES_PER_MBLOCK; k++)
+		if (k % 3)
+			tc_de_encode(&blk[k], 128 + k, 1000 + k, k % 2, 5, g);
+		else
+			tc_de_encode_empty(&blk[k]);
+	for (k = 0; k < TC_ENTRIES_PER_MBLOCK; k++) {
+		CHECK(tc_de_decode(&blk[k], 128 + k, ~0ull, 9, g, &i) ==
+		      (k % 3 ? (k % 2 ? TC_DE_DIRTY_OK : TC_DE_CLEAN) :
+		       TC_DE_EMPTY));
+		CHECK(tc_de_decode(&blk[k], k, ~0ull, 9, g, &i) ==
+		      (k % 3 ? TC_DE_BAD_SLOT : TC_DE_EMPTY));
+		CHECK(tc_de_decode(&blk[k], k, ~0ull, 9, g + 1, &i) ==
+		      (k % 3 ? TC_DE_FOREIGN : TC_DE_EMPTY));
+		/* the block's second sector written over its first */
+		if (k >= per_sector && k < 2 * per_sector)
+			CHECK(tc_de_decode(&blk[k], 128 + k - per_sector,
+					   ~0ull, 9, g, &i) ==
+			      (k % 3 ? TC_DE_BAD_SLOT : TC_DE_EMPTY));
+	}
 }
 
 static void garbage(struct tc_disk_entry *d)
@@ -307,8 +391,9 @@ static void garbage(struct tc_disk_entry *d)
  * An entry area full of garbage (a device used for something else
  * before): every entry reads as foreign, none as corrupt, under any
  * generation but the one the garbage happens to hold.  Then the same with
- * garbage that copies the slot numbers, and garbage of generation g with
- * the slot numbers: ours, and corrupt.
+ * garbage that copies the slot numbers, or holds generation g (neither
+ * passes the checksum with the other word put in), and garbage of
+ * generation g with the slot numbers: ours, and corrupt.
  */
 static void test_garbage(void)
 {
@@ -323,8 +408,11 @@ static void test_garbage(void)
 		nr[tc_de_decode(&d, s, ~0ull, ~0ull, g, &i)]++;
 		d.slot = cpu_to_le32((u32)s);
 		nr[tc_de_decode(&d, s, ~0ull, ~0ull, g, &i)]++;
+		garbage(&d);
+		d.gen = cpu_to_le32(g);
+		nr[tc_de_decode(&d, s, ~0ull, ~0ull, g, &i)]++;
 	}
-	CHECK(nr[TC_DE_FOREIGN] == 2000000);
+	CHECK(nr[TC_DE_FOREIGN] == 3000000);
 
 	memset(nr, 0, sizeof(nr));
 	for (s = 0; s < 1000; s++) {
@@ -346,6 +434,8 @@ int main(void)
 	test_entries();
 	test_foreign();
 	test_v1_entries();
+	test_damaged_ids();
+	test_misdirected();
 	test_garbage();
 	if (failures) {
 		fprintf(stderr, "test_disk: %d failure(s)\n", failures);

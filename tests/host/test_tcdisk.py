@@ -5,13 +5,16 @@ that the VM and crash tests use: run by `make -C tests/host check`.
 
 1. Against the module's C code: the fuzz seeds (images written by the C
    encoder, tests/host/mkseeds.c: valid ones, version 1, previous
-   generation entries, a garbage entry area, spoiled fields) and seeded
+   generation entries, a garbage entry area, spoiled fields, damaged
+   gen and slot words, a misdirected metadata block) and seeded
    mutations of them are decoded by both decode_img (tc_disk.c) and
    tcdisk; every superblock and entry result must agree.  tcdisk's
    encoder must write the C encoder's bytes.
 2. Synthetic images: version 1 reads as generation 0, a garbage entry
    area reads as empty (foreign), an entry of the previous generation
-   reads as empty, a corrupt entry of this generation does not.
+   reads as empty, a corrupt entry of this generation does not (its gen
+   or slot word damaged included), nor one of this generation in another
+   slot's place (misplaced: a misdirected write).
 
     test_tcdisk.py BUILD_DIR     (holds mkseeds and decode_img)
 """
@@ -105,7 +108,8 @@ def test_against_c(build):
         seeds.mkdir()
         subprocess.run([str(build / "mkseeds"), str(seeds)], check=True)
         names = sorted(p.name for p in seeds.iterdir())
-        check({"v1", "old-gen", "garbage", "mixed", "bad-entries"} <= set(names), names)
+        check({"v1", "old-gen", "garbage", "mixed", "bad-entries", "damaged-ids",
+               "misdirected"} <= set(names), names)
         rng = random.Random(20240611)
         states = set()
         for name in names:
@@ -117,7 +121,7 @@ def test_against_c(build):
                 states.update(ln.split()[1] for ln in lines)
         # every result of both decoders was compared at least once
         want = {"valid", "bad_csum", "bad_version", "bad_fields", "empty", "foreign",
-                "clean", "dirty", "uncommitted", "bad_flags", "bad_block"}
+                "clean", "dirty", "uncommitted", "bad_slot", "bad_flags", "bad_block"}
         check(want <= states, f"results never compared: {sorted(want - states)}")
 
         # tcdisk's encoder writes what the C encoder wrote
@@ -191,17 +195,51 @@ def test_synthetic():
     sb, es = decode(image(entries=[(3, 40, True, 5, g - 1), (4, 41, True, 5, g)]))
     check(es[3] == tcdisk.Entry(tcdisk.FOREIGN, None, None, None), f"old gen: {es[3]}")
     check(es[4].state == tcdisk.DIRTY, f"this gen: {es[4]}")
-    img = bytearray(image(entries=[(4, 41, True, 5, g)]))
+    img = bytearray(image(entries=[(4, 41, True, 5, g), (3, 40, True, 5, g - 1)]))
     base = tcdisk.META_START * 512
     img[base + 5 * 32:base + 6 * 32] = img[base + 4 * 32:base + 5 * 32]
+    img[base + 6 * 32:base + 7 * 32] = img[base + 3 * 32:base + 4 * 32]
     sb, es = decode(bytes(img))
-    check(es[5].state == tcdisk.FOREIGN, f"misplaced entry: {es[5]}")
+    check(es[5].state == tcdisk.BAD_SLOT, f"misplaced entry: {es[5]}")
+    check(es[6].state == tcdisk.FOREIGN, f"misplaced old gen entry: {es[6]}")
+    check(tcdisk.BAD_SLOT in tcdisk.CORRUPT, "misplaced is corrupt")
 
-    # a corrupt entry of this generation is still corrupt
+    # a metadata block of this generation in another block's place
+    ents = [(s, 1000 + s, s % 2 == 1, 5, g) for s in range(128, 256) if s % 3]
+    img = bytearray(image(entries=ents))
+    img[base:base + 4096] = img[base + 4096:base + 8192]
+    sb, es = decode(bytes(img))
+    check(counts({s: es[s] for s in range(128)}) == {tcdisk.BAD_SLOT: len(ents),
+                                                   tcdisk.EMPTY: 128 - len(ents)},
+          f"misdirected block: {counts({s: es[s] for s in range(128)})}")
+
+    # a corrupt entry of this generation is still corrupt: any field, its
+    # gen or slot word alone too, every bit
     img = bytearray(image(entries=[(4, 41, True, 5, g)]))
     img[base + 4 * 32] ^= 1
     sb, es = decode(bytes(img))
     check(es[4].state == tcdisk.BAD_CSUM, f"corrupt entry: {es[4]}")
+    good = tcdisk.encode_entry(4, 41, True, 5, g)
+    for bit in range(256):
+        raw = bytearray(good)
+        raw[bit // 8] ^= 1 << bit % 8
+        e = tcdisk.decode_entry(raw, 4, g, 1 << 17, 9)
+        check(e.state == tcdisk.BAD_CSUM, f"bit {bit} flipped: {e}")
+    # ... but not damaged in both: foreign (not detected)
+    raw = bytearray(good)
+    raw[16] ^= 1
+    raw[28] ^= 1
+    check(tcdisk.decode_entry(raw, 4, g, 1 << 17, 9).state == tcdisk.FOREIGN,
+          "gen and slot damaged")
+    # an older generation's entry is never taken for a damaged one of ours
+    for k in range(2000):
+        old = rng.getrandbits(32)
+        new = rng.getrandbits(32) if k % 2 else (old + 1) & 0xFFFFFFFF
+        if new == old:
+            continue
+        raw = tcdisk.encode_entry(k, rng.getrandbits(40), True, 5, old)
+        st = tcdisk.decode_entry(raw, k, new, 1 << 40, 9).state
+        check(st == tcdisk.FOREIGN, f"gen {old:#x} under {new:#x}: {st}")
     sb, es = decode(image(entries=[(4, (1 << 20) // 8, True, 5, g)]))
     check(es[4].state == tcdisk.BAD_BLOCK and es[4].dirty, f"block beyond: {es[4]}")
 

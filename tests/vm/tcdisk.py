@@ -12,9 +12,11 @@ Format version 2: the superblock and every entry carry a format
 generation.  An entry is *ours* only if its gen is the superblock's and
 its slot field its own index; an all-zero entry is EMPTY and any other
 entry FOREIGN (an earlier format's, or bytes the device held before),
-which is a free slot too.  Only our entries are checked further
-(checksum, flags, block, sequence).  Version 1 (no generation: the words
-were reserved and zero) reads as generation 0.
+which is a free slot too, unless its checksum says it is one of ours
+damaged in its gen or slot word alone (BAD_CSUM) or an entry of this
+generation for another slot (BAD_SLOT: a misdirected write).  Only our
+entries are checked further (checksum, flags, block, sequence).  Version 1
+(no generation: the words were reserved and zero) reads as generation 0.
 """
 
 import struct
@@ -42,11 +44,11 @@ ZERO_ENTRY = bytes(ENTRY_BYTES)
 SB_OK, SB_BLANK, SB_BAD_CSUM, SB_BAD_VERSION, SB_BAD_FIELDS = (
     "valid", "blank", "bad_csum", "bad_version", "bad_fields")
 # tc_de_result
-EMPTY, FOREIGN, CLEAN, DIRTY, UNCOMMITTED, BAD_CSUM, BAD_FLAGS, BAD_BLOCK = (
-    "empty", "foreign", "clean", "dirty", "uncommitted", "bad_csum",
-    "bad_flags", "bad_block")
+(EMPTY, FOREIGN, CLEAN, DIRTY, UNCOMMITTED, BAD_CSUM, BAD_SLOT, BAD_FLAGS,
+ BAD_BLOCK) = ("empty", "foreign", "clean", "dirty", "uncommitted", "bad_csum",
+               "bad_slot", "bad_flags", "bad_block")
 FREE = (EMPTY, FOREIGN)                 # slots that hold nothing
-CORRUPT = (BAD_CSUM, BAD_FLAGS, BAD_BLOCK)   # a load refuses these
+CORRUPT = (BAD_CSUM, BAD_SLOT, BAD_FLAGS, BAD_BLOCK)   # a load refuses these
 
 
 def _crc32c_table():
@@ -148,6 +150,20 @@ def decode_sb(raw):
 Entry = namedtuple("Entry", "state block seq dirty")
 
 
+def _decode_other(raw, slot, gen):
+    """The state of a non-zero entry whose gen or slot word is not @gen or
+    @slot: foreign, unless well formed and of this generation (misplaced),
+    or well formed with one of the two words put back (damaged)."""
+    _, _, eslot, _, csum, egen = ENTRY.unpack(raw)
+    if _csum(raw, ENTRY_CSUM_OFF) == csum:
+        return BAD_SLOT if egen == gen else FOREIGN
+    if eslot == slot or egen == gen:
+        fixed = raw[:16] + struct.pack("<I", slot) + raw[20:28] + struct.pack("<I", gen)
+        if _csum(fixed, ENTRY_CSUM_OFF) == csum:
+            return BAD_CSUM
+    return FOREIGN
+
+
 def decode_entry(raw, slot, gen, nr_blocks, commit_seq):
     """Decode the entry of @slot under a superblock of generation @gen
     (tc_de_decode)."""
@@ -155,8 +171,9 @@ def decode_entry(raw, slot, gen, nr_blocks, commit_seq):
     if raw == ZERO_ENTRY:
         return Entry(EMPTY, None, None, None)
     block, seq, eslot, flags, csum, egen = ENTRY.unpack(raw)
-    if egen != gen or eslot != slot & 0xFFFFFFFF:
-        return Entry(FOREIGN, None, None, None)
+    slot &= 0xFFFFFFFF
+    if egen != gen or eslot != slot:
+        return Entry(_decode_other(raw, slot, gen), None, None, None)
     if _csum(raw, ENTRY_CSUM_OFF) != csum:
         return Entry(BAD_CSUM, None, None, None)
     if not flags & DE_VALID or flags & ~(DE_VALID | DE_DIRTY):

@@ -281,13 +281,17 @@ pub fn encode_sb(s: &Superblock) -> [u8; SB_BYTES] {
 #[serde(rename_all = "snake_case")]
 pub enum EntryState {
     Empty,
-    /// Of another format generation, or not naming its own slot (an
-    /// earlier format's entry, or bytes the device held before): empty.
+    /// Of another format generation (an earlier format's entry), or bytes
+    /// the device held before: empty.
     Foreign,
     Clean,
     Dirty,
     Uncommitted,
+    /// Of this generation and slot with a bad checksum, or damaged in its
+    /// generation or slot word alone (the checksum holds with it put back).
     BadCsum,
+    /// Of this generation, valid, but another slot's: a misdirected write.
+    BadSlot,
     BadFlags,
     BadBlock,
 }
@@ -301,6 +305,7 @@ impl EntryState {
             ffi::tc_de_result::TC_DE_DIRTY_OK => EntryState::Dirty,
             ffi::tc_de_result::TC_DE_UNCOMMITTED => EntryState::Uncommitted,
             ffi::tc_de_result::TC_DE_BAD_CSUM => EntryState::BadCsum,
+            ffi::tc_de_result::TC_DE_BAD_SLOT => EntryState::BadSlot,
             ffi::tc_de_result::TC_DE_BAD_FLAGS => EntryState::BadFlags,
             _ => EntryState::BadBlock,
         }
@@ -313,6 +318,7 @@ impl EntryState {
             EntryState::Dirty => ffi::tc_de_result::TC_DE_DIRTY_OK,
             EntryState::Uncommitted => ffi::tc_de_result::TC_DE_UNCOMMITTED,
             EntryState::BadCsum => ffi::tc_de_result::TC_DE_BAD_CSUM,
+            EntryState::BadSlot => ffi::tc_de_result::TC_DE_BAD_SLOT,
             EntryState::BadFlags => ffi::tc_de_result::TC_DE_BAD_FLAGS,
             EntryState::BadBlock => ffi::tc_de_result::TC_DE_BAD_BLOCK,
         }
@@ -330,6 +336,7 @@ impl EntryState {
             EntryState::Dirty => "dirty",
             EntryState::Uncommitted => "uncommitted",
             EntryState::BadCsum => "bad_csum",
+            EntryState::BadSlot => "bad_slot",
             EntryState::BadFlags => "bad_flags",
             EntryState::BadBlock => "bad_block",
         }
@@ -337,7 +344,7 @@ impl EntryState {
     pub fn is_corrupt(self) -> bool {
         matches!(
             self,
-            EntryState::BadCsum | EntryState::BadFlags | EntryState::BadBlock
+            EntryState::BadCsum | EntryState::BadSlot | EntryState::BadFlags | EntryState::BadBlock
         )
     }
 }
@@ -1071,13 +1078,25 @@ mod tests {
         assert_eq!(e.state, EntryState::Uncommitted);
         let e = decode_entry(&encode_entry(3, 77, false, 5, G), 3, 100, 9, G);
         assert_eq!(e.state, EntryState::Clean);
-        // Another slot's entry, or another generation's: foreign (empty).
-        let e = decode_entry(&encode_entry(3, 77, true, 5, G), 4, 100, 9, G);
-        assert_eq!((e.state, e.block), (EntryState::Foreign, None));
+        // Another generation's entry, in its place or not: foreign (empty).
         let e = decode_entry(&encode_entry(3, 77, true, 5, G - 1), 3, 100, 9, G);
         assert_eq!((e.state, e.block), (EntryState::Foreign, None));
         assert!(!e.state.is_corrupt());
         assert!(e.state.describe().starts_with("foreign"));
+        let e = decode_entry(&encode_entry(3, 77, true, 5, G - 1), 4, 100, 9, G);
+        assert_eq!((e.state, e.block), (EntryState::Foreign, None));
+        // This generation's, another slot's: misplaced, corrupt.
+        let e = decode_entry(&encode_entry(3, 77, true, 5, G), 4, 100, 9, G);
+        assert_eq!((e.state, e.block), (EntryState::BadSlot, None));
+        assert!(e.state.is_corrupt());
+        assert_eq!(e.state.as_str(), "bad_slot");
+        assert!(e.state.describe().contains("misdirected"));
+        // Ours with a flipped bit in the generation or slot word: corrupt.
+        for byte in [16, 19, 28, 31] {
+            let mut raw = encode_entry(3, 77, true, 5, G);
+            raw[byte] ^= 0x10;
+            assert_eq!(decode_entry(&raw, 3, 100, 9, G).state, EntryState::BadCsum);
+        }
         let e = decode_entry(&encode_entry(3, 100, true, 5, G), 3, 100, 9, G);
         assert_eq!((e.state, e.block), (EntryState::BadBlock, Some(100)));
         assert_eq!(

@@ -222,7 +222,7 @@ pub fn check_text(rep: &CheckReport) -> String {
             c.corrupt
         ));
         o.push(format!(
-            "  free slots:  {} empty, {} foreign (of another format generation or slot: free, not errors)",
+            "  free slots:  {} empty, {} foreign (of another format generation, or leftover bytes: free, not errors)",
             c.empty, c.foreign
         ));
     }

@@ -104,7 +104,7 @@ fn check_consistent_image() {
         "slots used:  6 of",
         "4 dirty (16 KiB), 1 clean, 1 uncommitted (ignored), 0 corrupt",
         "free slots:  ",
-        " empty, 0 foreign (of another format generation or slot: free, not errors)",
+        " empty, 0 foreign (of another format generation, or leftover bytes: free, not errors)",
         "result:      consistent",
     ] {
         assert!(out.contains(needle), "missing '{needle}' in\n{out}");
@@ -189,15 +189,30 @@ fn check_exit_codes_per_corruption() {
     assert_eq!(v["corrupt"][0]["state"], "bad_csum");
     assert_eq!(v["corrupt"][0]["reason"], "checksum mismatch");
 
-    // An entry in the wrong slot (valid checksum, this generation): it is
-    // not this slot's, so it reads as a free slot (foreign), not an error.
+    // An entry of this generation in the wrong slot (valid checksum): a
+    // misdirected write, corrupt.
     let mut img = image();
     let o3 = entry_off(3);
     img[o3..o3 + 32].copy_from_slice(&disk::encode_entry(4, 1, true, 1, G));
     let d = TempDir::new("slot");
     let (out, r) = run_check(&d.file("cache.img", &img));
+    assert_eq!(r.unwrap_err().kind, Kind::BadEntries);
+    assert!(
+        out.contains("corrupt:     slot 3: slot number does not match its position"),
+        "{out}"
+    );
+    // Another generation's entry in the wrong slot: foreign, not an error.
+    img[o3..o3 + 32].copy_from_slice(&disk::encode_entry(4, 1, true, 1, G - 1));
+    let (out, r) = run_check(&d.file("cache2.img", &img));
     r.unwrap();
     assert!(out.contains(" 1 foreign (of another"), "{out}");
+    // A flipped bit in the generation or slot word of a dirty entry of
+    // this generation: corrupt (the checksum holds with the word put back).
+    for byte in [16, 28] {
+        let mut img = image();
+        img[entry_off(8) + byte] ^= 0x04;
+        assert_eq!(check_kind(&img).0, Some(Kind::BadEntries));
+    }
     // A corrupt entry of this generation still fails: a flipped flags bit.
     let mut img = image();
     img[entry_off(9) + 20] ^= 0x01;
