@@ -217,6 +217,12 @@ static enum tc_de_result tc_de_decode_other(const struct tc_disk_entry *d,
 	const __le32 own_slot = cpu_to_le32(slot), own_gen = cpu_to_le32(gen);
 	const u32 csum = le32_to_cpu(d->csum);
 
+	/*
+	 * Generation 0 is version 1's, whose format zeroed the entry area:
+	 * nothing in it can be foreign, a non-zero entry not ours is damaged.
+	 */
+	if (!gen)
+		return d->slot != own_slot ? TC_DE_BAD_SLOT : TC_DE_BAD_FLAGS;
 	/* well formed as it stands: an older generation's, or misplaced */
 	if (tc_de_crc(d, d->slot, d->gen) == csum)
 		return d->gen == own_gen ? TC_DE_BAD_SLOT : TC_DE_FOREIGN;

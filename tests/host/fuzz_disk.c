@@ -29,6 +29,8 @@
  *   back: misplaced exactly when it is of this generation and passes its
  *   checksum as stored, a checksum mismatch exactly when it does not but
  *   passes it with the one differing word put back, foreign otherwise;
+ *   under generation 0 (version 1, whose format zeroed the area) never
+ *   foreign: misplaced if its slot word differs, invalid flags otherwise;
  * - a layout fits the device and is block aligned, and (for device sizes
  *   below 2^54 sectors) one more slot would not fit.
  *
@@ -122,6 +124,9 @@ static enum tc_de_result other_expected(const struct tc_disk_entry *d,
 	struct tc_disk_entry fixed = *d;
 	struct tc_de_info i;
 
+	/* generation 0 (version 1) zeroed its area: nothing is foreign */
+	if (!gen)
+		return dslot != (u32)slot ? TC_DE_BAD_SLOT : TC_DE_BAD_FLAGS;
 	if (tc_de_decode(d, dslot, ~0ULL, ~0ULL, dgen, &i) != TC_DE_BAD_CSUM)
 		return dgen == gen ? TC_DE_BAD_SLOT : TC_DE_FOREIGN;
 	if (dslot != (u32)slot && dgen != gen)

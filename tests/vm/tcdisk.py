@@ -155,6 +155,8 @@ def _decode_other(raw, slot, gen):
     @slot: foreign, unless well formed and of this generation (misplaced),
     or well formed with one of the two words put back (damaged)."""
     _, _, eslot, _, csum, egen = ENTRY.unpack(raw)
+    if gen == 0:    # version 1 zeroed the area: nothing is foreign
+        return BAD_SLOT if eslot != slot else BAD_FLAGS
     if _csum(raw, ENTRY_CSUM_OFF) == csum:
         return BAD_SLOT if egen == gen else FOREIGN
     if eslot == slot or egen == gen:
