@@ -21,6 +21,7 @@
 #include <linux/log2.h>
 #include <linux/mutex.h>
 #include <linux/mm.h>
+#include <linux/sizes.h>
 
 #include "tiercache.h"
 
@@ -126,15 +127,17 @@ static struct tc_cache *tc_cache_alloc(struct tc_target *t,
 }
 
 /*
- * A new state whose index, dirty order (4 B per slot with every slot
- * dirty, as a load may find them) and metadata bitmaps (7 bits per slot)
- * would take more memory than is available is refused up front, with the
- * figures.  A table that attaches to a live state allocates none of it.
+ * A new state whose index, dirty order and metadata state would take more
+ * memory than is available is refused up front, with the figures.  The
+ * dirty order is counted at its peak: 4 B per slot with every slot dirty
+ * (as a load may find them), twice while it grows; the metadata has 7
+ * bitmaps of one bit per slot, 8 B per 128 slots and its 1 MiB buffer.  A
+ * table that attaches to a live state allocates none of it.
  */
 static int tc_cache_check_memory(struct tc_cache *c, char **error)
 {
-	u64 need = tc_index_bytes(c->nr_slots) + (u64)c->nr_slots * 4 +
-		   (u64)c->nr_slots * 7 / 8;
+	u64 n = c->nr_slots;
+	u64 need = tc_index_bytes(n) + n * 8 + n * 7 / 8 + n / 16 + SZ_1M;
 	u64 avail = (u64)si_mem_available() << PAGE_SHIFT;
 
 	if (need <= avail)

@@ -418,8 +418,11 @@ int tc_index_merge(struct tc_cache *c, gfp_t gfp)
 	int r;
 
 	if (!READ_ONCE(d->nr_tail) && !d->nr_pending &&
-	    !READ_ONCE(ix->cleaned))
+	    !READ_ONCE(ix->cleaned)) {
+		/* set after the last merge took the cleaned slots: moot */
+		WRITE_ONCE(ix->starved, false);
 		return 0;
+	}
 	/*
 	 * A slot is marked cleaned after its DIRTY went (the atomic update
 	 * that cleared it orders the two): cleared here before the slot words

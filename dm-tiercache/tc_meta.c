@@ -357,8 +357,12 @@ static s64 tc_meta_write_run(struct tc_cache *c, u64 mb, u64 seq)
 	end = min(end, mb + m->bounce_blocks);
 	r = tc_meta_rw(c, m->bounce, sector, (end - mb) * TC_MBLOCK_BYTES,
 		       REQ_OP_READ);
-	if (r)
+	if (r) {
+		/* every commit touching these blocks fails until they read */
+		DMERR_LIMIT("%s: metadata blocks %llu-%llu unreadable (%d)",
+			    c->name, mb, end - 1, r);
 		return r;
+	}
 	for (i = mb; i < end; i++) {
 		tc_meta_fill_block(c, i, tc_meta_mblock(m->bounce, i - mb), seq);
 		cond_resched();
@@ -511,8 +515,8 @@ static void tc_meta_timer_work(struct work_struct *w)
 
 static unsigned long *tc_bitmap_alloc(u64 bits)
 {
-	return kvcalloc(BITS_TO_LONGS(bits), sizeof(unsigned long),
-			GFP_KERNEL | __GFP_NOWARN | __GFP_RETRY_MAYFAIL);
+	return tc_bigalloc(BITS_TO_LONGS(bits), sizeof(unsigned long),
+			   GFP_KERNEL | __GFP_ZERO);
 }
 
 static int tc_meta_alloc(struct tc_meta *m)

@@ -24,11 +24,15 @@ void *tc_bigalloc(size_t n, size_t size, gfp_t gfp)
 	if (bytes == SIZE_MAX)
 		return NULL;
 	/*
-	 * A huge cache that does not fit is refused: no backtrace for it, and
-	 * no OOM killer (the create fails with ENOMEM instead).
+	 * No backtrace for a huge cache that does not fit.  An array kmalloc
+	 * cannot serve goes to vmalloc, asked to fail rather than call the
+	 * OOM killer: best effort only (vmalloc takes its page tables with
+	 * GFP_KERNEL); a cache too large for memory is refused before its
+	 * state is allocated (tc_cache.c).  Smaller arrays keep kvmalloc's
+	 * cheap first try of kmalloc.
 	 */
 	gfp |= __GFP_NOWARN;
-	if (!(gfp & __GFP_NORETRY))
+	if (bytes > KMALLOC_MAX_SIZE && !(gfp & __GFP_NORETRY))
 		gfp |= __GFP_RETRY_MAYFAIL;
 	if (bytes <= INT_MAX)
 		return kvmalloc(bytes, gfp);

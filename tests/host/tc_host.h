@@ -30,6 +30,7 @@ typedef uint64_t u64;
 #define __GFP_NOWARN	0x200u
 #define __GFP_RETRY_MAYFAIL	0x400u
 #define __GFP_NORETRY	0x800u
+#define KMALLOC_MAX_SIZE	(4ul << 20)
 
 #define U32_MAX		UINT32_MAX
 #define U64_MAX		UINT64_MAX
