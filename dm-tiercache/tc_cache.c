@@ -84,6 +84,7 @@ static int tc_cache_setup(struct tc_cache *c)
 	spin_lock_init(&c->defer_lock);
 	bio_list_init(&c->deferred);
 	bio_list_init(&c->discards);
+	bio_list_init(&c->wb_wait);
 	INIT_WORK(&c->io_work, tc_io_work);
 	INIT_WORK(&c->discard_work, tc_discard_work);
 	mutex_init(&c->ctl_lock);
@@ -298,6 +299,30 @@ out:
 	if (t->hold)
 		tc_cache_release_hold(t);
 	return ERR_PTR(r);
+}
+
+/*
+ * The cache device failed @what with @err: latch the failed state
+ * (docs/tiercache.rst, "Failure handling").  From now on nothing new goes
+ * to the cache device: reads of clean or uncached blocks go to the origin,
+ * reads of dirty blocks still try their only copy, writes go around the
+ * cache (dropping the cached copy: the commits that go on record that, as
+ * long as the device takes them; a failed commit marks the superblock).
+ * If dirty blocks were held, the next flush fails (once): writes
+ * acknowledged before may be lost with them.  May be called from a bio's
+ * completion.
+ */
+void tc_cache_fail(struct tc_cache *c, int err, const char *what)
+{
+	u32 dirty;
+
+	if (!err || cmpxchg(&c->failed, 0, err))
+		return;
+	dirty = tc_nr_dirty(c);
+	if (dirty)
+		atomic_set(&c->fail_report, 1);
+	DMERR("%s: the cache device failed (%s: %d): %u dirty blocks are at risk; from now on writes go to the origin ('tiercache status', 'tiercache detach --abandon')",
+	      c->name, what, err, dirty);
 }
 
 void tc_cache_put(struct tc_cache *c)

@@ -99,6 +99,7 @@ void tc_sb_encode(struct tc_disk_sb *sb, const struct tc_sb_info *i)
 	sb->origin_sectors = cpu_to_le64(i->origin_sectors);
 	memcpy(sb->uuid, i->uuid, n);
 	sb->gen = cpu_to_le32(i->gen);
+	sb->flags = cpu_to_le32(i->flags);
 	sb->csum = cpu_to_le32(tc_disk_crc(sb, sizeof(*sb)));
 }
 
@@ -108,7 +109,8 @@ static bool tc_sb_fields_ok(const struct tc_disk_sb *sb,
 	const struct tc_layout *l = &i->layout;
 	size_t k;
 
-	if (le32_to_cpu(sb->flags) || !tc_block_size_ok(l->block_sectors))
+	if ((i->flags & ~TC_SB_KNOWN_FLAGS) ||
+	    !tc_block_size_ok(l->block_sectors))
 		return false;
 	if (!l->nr_slots || l->nr_slots > TC_MAX_SLOTS ||
 	    l->meta_start != TC_META_START || !i->origin_sectors)
@@ -140,6 +142,7 @@ enum tc_sb_result tc_sb_decode(const struct tc_disk_sb *sb,
 	memset(i, 0, sizeof(*i));
 	i->version = version;
 	i->gen = le32_to_cpu(sb->gen);
+	i->flags = le32_to_cpu(sb->flags);
 	i->commit_seq = le64_to_cpu(sb->commit_seq);
 	i->origin_sectors = le64_to_cpu(sb->origin_sectors);
 	i->layout.block_sectors = le32_to_cpu(sb->block_sectors);

@@ -129,7 +129,7 @@ struct tc_disk_sb {
 	__le32 csum;			/* crc32c of the sector, csum = 0 */
 	__le64 commit_seq;		/* last complete commit */
 	__le32 block_sectors;
-	__le32 flags;			/* none defined: must be 0 */
+	__le32 flags;			/* TC_SB_*: no other bit may be set */
 	__le64 nr_slots;
 	__le64 meta_start;		/* sector of the first entry */
 	__le64 data_start;		/* sector of slot 0 */
@@ -138,6 +138,19 @@ struct tc_disk_sb {
 	__le32 gen;			/* format generation (v1: reserved, 0) */
 	__u8 reserved[316];
 };
+
+/*
+ * Superblock flags.  TC_SB_FAILED: the module saw the cache device fail
+ * (docs/tiercache.rst, "Failure handling") and wrote this mark, if it
+ * still could.  The writes acknowledged since went around the cache, so
+ * the origin may hold newer data than the dirty blocks recorded here: the
+ * module refuses to load such a cache (format it; 'tiercache writeback
+ * --force' writes its dirty blocks back offline if the administrator
+ * knows better).  Modules that predate the flag refuse it as an
+ * impossible field, which is what it asks for.
+ */
+#define TC_SB_FAILED		1u
+#define TC_SB_KNOWN_FLAGS	TC_SB_FAILED
 
 /* entry flags */
 #define TC_DE_VALID		1u	/* the slot holds a block */
@@ -169,6 +182,7 @@ struct tc_sb_info {
 	u64 origin_sectors;
 	u32 version;			/* as read; tc_sb_encode writes the current */
 	u32 gen;			/* format generation */
+	u32 flags;			/* TC_SB_* */
 	char uuid[TC_UUID_BYTES + 1];
 };
 

@@ -702,6 +702,7 @@ static void tc_wb_release(struct tc_cache *c, struct tc_wb_req *req,
 			tc_wb_finish_blk(c, req, i, written);
 	if (wq_has_sleeper(&c->locks.wait))
 		wake_up(&c->locks.wait);
+	tc_wake_wb_waiters(c);
 	tc_wb_free(req);
 	if (atomic_dec_and_test(&fl->outstanding)) {
 		wake_up_all(&fl->wait);
@@ -818,10 +819,13 @@ static void tc_wb_stage_done(struct tc_cache *c, struct tc_wb_req *req)
 	}
 	/* a read failed: nothing was written, the blocks stay dirty */
 	atomic_dec(&c->fl.inflight);
-	if (req->nomem)
+	if (req->nomem) {
 		c->fl.pass_skipped = true;	/* tried again, later */
-	else
+	} else {
 		tc_flush_latch(c, blk_status_to_errno(req->status));
+		tc_cache_fail(c, blk_status_to_errno(req->status),
+			      "writeback read of a dirty block");
+	}
 	tc_wb_release(c, req, false);
 	tc_wb_maybe_flush(c);
 	queue_work(c->wq, &c->fl.work);

@@ -14,6 +14,10 @@
  * it back (DM_ENDIO_INCOMPLETE) and tc_io_work() sends it, as it was
  * mapped, to the origin; the slot is dropped first.  The bio completes
  * once, when the origin is done with it.
+ *
+ * Once the cache device has failed (tc_cache_fail()), nothing new goes to
+ * it: only dirty blocks are read from it (their only copy), writes go to
+ * the origin and drop the cached copy.
  */
 #include "tiercache.h"
 
@@ -21,6 +25,8 @@ enum tc_action {
 	TC_TO_CACHE,
 	TC_TO_ORIGIN,
 	TC_CONTINUE,		/* stage set: finish in tc_io_work() */
+	TC_WAIT_WB,		/* wait for the slot's writeback request */
+	TC_KILL,		/* fail the bio */
 };
 
 static bool tc_whole_block(struct tc_cache *c, struct bio *bio)
@@ -81,7 +87,9 @@ static enum tc_action tc_read(struct tc_cache *c, struct bio *bio,
 		return TC_TO_ORIGIN;
 	}
 	slot = tc_lookup(c, block);
-	if (slot != TC_SLOT_NONE) {
+	/* a failed cache serves only what the origin does not hold */
+	if (slot != TC_SLOT_NONE &&
+	    (!tc_failed(c) || tc_slot_dirty(c, slot))) {
 		tc_count(c, TC_S_READ_HIT);
 		tc_touch(c, slot);
 		pb->slot = slot;
@@ -90,7 +98,8 @@ static enum tc_action tc_read(struct tc_cache *c, struct bio *bio,
 	tc_count(c, TC_S_READ_MISS);
 	/* promotion fills a slot: only under an exclusive lock */
 	if (pb->holder.mode == TC_LK_EXCL && !READ_ONCE(c->read_only) &&
-	    tc_whole_block(c, bio) && !tc_alloc_slot(c, block, &pb->slot)) {
+	    !tc_failed(c) && tc_whole_block(c, bio) &&
+	    !tc_alloc_slot(c, block, &pb->slot)) {
 		pb->stage = TC_ST_PROMOTE;
 		return TC_CONTINUE;
 	}
@@ -100,7 +109,7 @@ static enum tc_action tc_read(struct tc_cache *c, struct bio *bio,
 static bool tc_writes_dirty(struct tc_cache *c)
 {
 	return c->mode == TC_MODE_WRITEBACK && !READ_ONCE(c->cleaner) &&
-	       !atomic_read(&c->no_dirty);
+	       !atomic_read(&c->no_dirty) && !tc_failed(c);
 }
 
 /* A full-block write miss in writeback mode: give it a fresh dirty slot. */
@@ -149,11 +158,45 @@ static enum tc_action tc_write_through(struct tc_cache *c, struct bio *bio,
 	return TC_CONTINUE;
 }
 
-static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
-			       struct tc_bio *pb, u64 block)
+/*
+ * The cache device failed: writes go to the origin, and the cached copy is
+ * dropped.  A dirty copy goes only for a whole-block write (the rest of
+ * the block is only in the failed cache: a partial write fails), and only
+ * once no writeback request of it is still writing (its older copy must
+ * not land on the origin after this write).  The entry the cache device
+ * may still record dirty is not committed away first, as it is for a FUA
+ * write in the good state (tc_around_needs_commit()): a failed cache is
+ * never loaded again (tc_disk.h, TC_SB_FAILED).
+ */
+static enum tc_action tc_write_failed(struct tc_cache *c, struct bio *bio,
+				      struct tc_bio *pb, u64 block)
 {
 	u32 slot = tc_lookup(c, block);
 
+	tc_count(c, slot != TC_SLOT_NONE ? TC_S_WRITE_HIT : TC_S_WRITE_MISS);
+	tc_count(c, TC_S_WRITE_BYPASS);
+	if (slot == TC_SLOT_NONE)
+		return TC_TO_ORIGIN;
+	if (tc_slot_dirty(c, slot) && !tc_whole_block(c, bio)) {
+		DMERR_LIMIT("%s: partial write to block %llu, dirty in the failed cache: I/O error",
+			    c->name, block);
+		return TC_KILL;
+	}
+	pb->slot = slot;
+	if (tc_slot_in_wb(c, slot))
+		return TC_WAIT_WB;
+	tc_remove(c, slot);
+	return TC_TO_ORIGIN;
+}
+
+static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
+			       struct tc_bio *pb, u64 block)
+{
+	u32 slot;
+
+	if (tc_failed(c))
+		return tc_write_failed(c, bio, pb, block);
+	slot = tc_lookup(c, block);
 	if (c->mode == TC_MODE_PASSTHROUGH) {
 		tc_count(c, slot != TC_SLOT_NONE ? TC_S_WRITE_HIT :
 						   TC_S_WRITE_MISS);
@@ -206,14 +249,88 @@ static enum tc_lock_mode tc_bio_lock_mode(struct tc_cache *c, struct bio *bio,
  */
 static bool tc_around_needs_commit(struct tc_cache *c, struct tc_bio *pb)
 {
-	return pb->fua && tc_meta_stale(c);
+	return pb->fua && !tc_failed(c) && tc_meta_stale(c);
+}
+
+/*
+ * A write parked until the writeback request of its slot is done (the
+ * request's older copy is still on its way to the origin): it keeps its
+ * block's lock, and goes through the dispatcher again once the request
+ * lets go of the slot (tc_wake_wb_waiters()).
+ */
+static void tc_wait_wb(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
+{
+	unsigned long flags;
+
+	pb->stage = TC_ST_AGAIN;
+	spin_lock_irqsave(&c->defer_lock, flags);
+	bio_list_add(&c->wb_wait, bio);
+	spin_unlock_irqrestore(&c->defer_lock, flags);
+	/* parked, then the slot read: pairs with tc_wake_wb_waiters() */
+	smp_mb();
+	if (!tc_slot_in_wb(c, pb->slot))
+		tc_wake_wb_waiters(c);
+}
+
+/* Writeback let go of slots: the parked writes try again. */
+void tc_wake_wb_waiters(struct tc_cache *c)
+{
+	unsigned long flags;
+	bool any;
+
+	/* the slots let go, then the list read: pairs with tc_wait_wb() */
+	smp_mb();
+	spin_lock_irqsave(&c->defer_lock, flags);
+	any = !bio_list_empty(&c->wb_wait);
+	bio_list_merge(&c->deferred, &c->wb_wait);
+	bio_list_init(&c->wb_wait);
+	spin_unlock_irqrestore(&c->defer_lock, flags);
+	if (any)
+		queue_work(c->wq, &c->io_work);
+}
+
+/* Decide where a bio holding its block's lock goes, and send it on. */
+static int tc_dispatch(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
+{
+	enum tc_action act;
+
+	if (bio_data_dir(bio) == READ)
+		act = tc_read(c, bio, pb, pb->block);
+	else
+		act = tc_write(c, bio, pb, pb->block);
+
+	switch (act) {
+	case TC_TO_CACHE:
+		pb->to_cache = true;
+		tc_remap_cache(c, bio, pb->slot);
+		return DM_MAPIO_REMAPPED;
+	case TC_TO_ORIGIN:
+		if (bio_data_dir(bio) == WRITE && tc_around_needs_commit(c, pb)) {
+			pb->stage = TC_ST_AROUND_FUA;
+			tc_queue_io(c, bio);
+			return DM_MAPIO_SUBMITTED;
+		}
+		bio_set_dev(bio, c->origin_bdev);
+		return DM_MAPIO_REMAPPED;
+	case TC_CONTINUE:
+		tc_queue_io(c, bio);
+		return DM_MAPIO_SUBMITTED;
+	case TC_WAIT_WB:
+		tc_wait_wb(c, bio, pb);
+		return DM_MAPIO_SUBMITTED;
+	case TC_KILL:
+		break;
+	}
+	/* no end_io follows a bio the map function kills: unlock it here */
+	pb->locked = false;
+	tc_unlock(&c->locks, &pb->holder);
+	return DM_MAPIO_KILL;
 }
 
 /* Lock the bio's block and send it on.  Returns a DM_MAPIO_* value. */
 static int tc_map_rw(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 {
 	u64 block = bio->bi_iter.bi_sector >> c->block_shift;
-	enum tc_action act;
 
 	/*
 	 * Before the lock: device-mapper calls no end_io for a bio its map
@@ -234,30 +351,7 @@ static int tc_map_rw(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 	pb->holder.granted = false;
 	pb->locked = true;
 	pb->block = block;
-
-	if (bio_data_dir(bio) == READ)
-		act = tc_read(c, bio, pb, block);
-	else
-		act = tc_write(c, bio, pb, block);
-
-	switch (act) {
-	case TC_TO_CACHE:
-		pb->to_cache = true;
-		tc_remap_cache(c, bio, pb->slot);
-		return DM_MAPIO_REMAPPED;
-	case TC_TO_ORIGIN:
-		if (bio_data_dir(bio) == WRITE && tc_around_needs_commit(c, pb)) {
-			pb->stage = TC_ST_AROUND_FUA;
-			tc_queue_io(c, bio);
-			return DM_MAPIO_SUBMITTED;
-		}
-		bio_set_dev(bio, c->origin_bdev);
-		return DM_MAPIO_REMAPPED;
-	case TC_CONTINUE:
-		tc_queue_io(c, bio);
-		return DM_MAPIO_SUBMITTED;
-	}
-	return DM_MAPIO_KILL;
+	return tc_dispatch(c, bio, pb);
 }
 
 /*
@@ -266,6 +360,16 @@ static int tc_map_rw(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
  */
 static int tc_map_flush(struct tc_cache *c, struct bio *bio)
 {
+	if (dm_bio_get_target_bio_nr(bio) == 0 && tc_failed(c)) {
+		/*
+		 * Nothing acknowledged since the failure is in the cache; the
+		 * first flush after it reports what may be lost with it.
+		 */
+		if (atomic_xchg(&c->fail_report, 0))
+			return DM_MAPIO_KILL;
+		bio_endio(bio);
+		return DM_MAPIO_SUBMITTED;
+	}
 	if (dm_bio_get_target_bio_nr(bio) == 0) {
 		tc_meta_queue_bio(c, bio);
 		return DM_MAPIO_SUBMITTED;
@@ -335,13 +439,25 @@ static void tc_record_new(struct tc_bio *pb)
 static bool tc_cache_failed(struct tc_bio *pb, struct bio *bio,
 			    blk_status_t error)
 {
+	struct tc_cache *c = pb->c;
+
 	if (!error || !pb->to_cache)
 		return false;
 	if (bio_data_dir(bio) == READ) {
-		if (tc_is_dirty(pb->c, pb->block))
-			return false;	/* the only copy: the error stands */
-	} else if (!pb->meta_new && !pb->was_clean) {
-		return false;
+		if (tc_is_dirty(c, pb->block)) {
+			/* the only copy: the error stands */
+			tc_cache_fail(c, blk_status_to_errno(error),
+				      "read of a dirty block");
+			return false;
+		}
+	} else {
+		tc_cache_fail(c, blk_status_to_errno(error), "write");
+		if (!pb->meta_new && !pb->was_clean) {
+			/* a dirty block's: now a write to the failed cache */
+			pb->stage = TC_ST_AGAIN;
+			tc_queue_io(c, bio);
+			return true;
+		}
 	}
 	pb->stage = TC_ST_TO_ORIGIN;
 	tc_queue_io(pb->c, bio);
@@ -549,6 +665,9 @@ static void tc_both_done(struct tc_cache *c, struct bio *bio,
 	u32 slot = tc_lookup(c, block);
 	bool dirty = slot != TC_SLOT_NONE && tc_slot_dirty(c, slot);
 
+	if (pb->cache_status)
+		tc_cache_fail(c, blk_status_to_errno(pb->cache_status),
+			      "write");
 	if (slot != TC_SLOT_NONE && !dirty && (pb->status || pb->cache_status))
 		tc_remove(c, slot);
 	if (dirty && pb->cache_status)
@@ -566,6 +685,9 @@ static void tc_promote_done(struct tc_cache *c, struct bio *bio,
 	u64 block = bio->bi_iter.bi_sector >> c->block_shift;
 
 	tc_buf_free(NULL, &pb->buf);
+	if (pb->cache_status)
+		tc_cache_fail(c, blk_status_to_errno(pb->cache_status),
+			      "promotion write");
 	/* a promotion may fail: no waiting for memory on the reclaim path */
 	if (pb->status || pb->cache_status ||
 	    tc_insert(c, pb->slot, block, false))
@@ -576,17 +698,46 @@ static void tc_promote_done(struct tc_cache *c, struct bio *bio,
 	bio_endio(bio);
 }
 
+/* Carry out a DM_MAPIO_* decision taken in process context. */
+static void tc_mapped(struct bio *bio, int r)
+{
+	switch (r) {
+	case DM_MAPIO_REMAPPED:
+		dm_submit_bio_remap(bio, NULL);
+		break;
+	case DM_MAPIO_KILL:
+		bio_io_error(bio);
+		break;
+	}
+}
+
+/*
+ * A bio that holds its block's lock goes through the dispatcher again, as
+ * it was mapped: a write parked for its slot's writeback, or one whose
+ * cache write failed, which the failed cache now sends around it (or fails,
+ * if it covers part of a dirty block).
+ */
+static void tc_again(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
+{
+	pb->stage = TC_ST_NEW;
+	pb->to_cache = false;
+	pb->cache_status = BLK_STS_OK;
+	bio->bi_iter = pb->iter;
+	bio->bi_status = BLK_STS_OK;
+	tc_mapped(bio, tc_dispatch(c, bio, pb));
+}
+
 /* A FUA write is in the cache: record it, complete after a commit. */
 static void tc_fua_done(struct tc_cache *c, struct bio *bio,
 			struct tc_bio *pb)
 {
 	if (pb->cache_status) {
-		if (pb->meta_new || pb->was_clean) {
+		tc_cache_fail(c, blk_status_to_errno(pb->cache_status),
+			      "write");
+		if (pb->meta_new || pb->was_clean)
 			tc_to_origin(c, bio, pb);
-			return;
-		}
-		bio->bi_status = pb->cache_status;
-		bio_endio(bio);
+		else
+			tc_again(c, bio, pb);
 		return;
 	}
 	tc_record_new(pb);
@@ -614,14 +765,10 @@ static void tc_process(struct tc_cache *c, struct bio *bio)
 
 	switch (pb->stage) {
 	case TC_ST_NEW:
-		switch (tc_map_rw(c, bio, pb)) {
-		case DM_MAPIO_REMAPPED:
-			dm_submit_bio_remap(bio, NULL);
-			break;
-		case DM_MAPIO_KILL:
-			bio_io_error(bio);
-			break;
-		}
+		tc_mapped(bio, tc_map_rw(c, bio, pb));
+		break;
+	case TC_ST_AGAIN:
+		tc_again(c, bio, pb);
 		break;
 	case TC_ST_BOTH:
 		tc_issue_both(c, bio, pb);
@@ -769,8 +916,9 @@ static void tc_discard(struct tc_cache *c, struct bio *bio)
 	if (lo < hi) {
 		tc_range_lock(&c->locks, &pb->range, lo, hi);
 		pb->discard = true;
+		/* a failed cache is never loaded again: no commit */
 		if (tc_discard_range(c, lo, hi, first, end) &&
-		    tc_meta_commit(c)) {
+		    !tc_failed(c) && tc_meta_commit(c)) {
 			bio_io_error(bio);
 			return;
 		}

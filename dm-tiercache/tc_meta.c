@@ -397,6 +397,7 @@ static int tc_meta_write_sb(struct tc_cache *c, u64 seq)
 		.commit_seq = seq,
 		.origin_sectors = m->origin_sectors,
 		.gen = m->gen,
+		.flags = m->sb_flags,
 	};
 
 	memcpy(i.uuid, m->uuid, sizeof(i.uuid));
@@ -450,6 +451,32 @@ static void tc_meta_end_bios(struct bio_list *bios, int r)
 	}
 }
 
+/*
+ * A commit failed: the metadata on the cache device may no longer say what
+ * the cache holds (a block written around the cache since may still be
+ * recorded dirty there, with older data).  Mark the superblock
+ * (tc_disk.h, TC_SB_FAILED), as one write of its own: the device may take
+ * that and fail the rest of a commit.  If it fails too, every later
+ * commit's superblock carries the mark.  Under commit_lock.
+ */
+static void tc_meta_mark_failed(struct tc_cache *c)
+{
+	struct tc_meta *m = &c->meta;
+	int r;
+
+	/* a load that cannot commit is refused: its metadata stands */
+	if (!c->meta_loaded || (m->sb_flags & TC_SB_FAILED))
+		return;
+	m->sb_flags |= TC_SB_FAILED;
+	r = tc_meta_write_sb(c, m->committed_seq);
+	if (r)
+		DMERR("%s: cannot mark the cache device's superblock failed (%d): do not load that device again without 'format'",
+		      c->name, r);
+	else
+		DMINFO("%s: superblock marked failed: the cache device will not be loaded again as it is",
+		       c->name);
+}
+
 int tc_meta_commit(struct tc_cache *c)
 {
 	struct tc_meta *m = &c->meta;
@@ -491,7 +518,15 @@ int tc_meta_commit(struct tc_cache *c)
 		WRITE_ONCE(m->error, r);
 		DMERR("%s: metadata commit failed (%d)", c->name, r);
 	}
+	if (r)
+		tc_meta_mark_failed(c);
 	mutex_unlock(&m->commit_lock);
+	if (r && !tc_failed(c)) {
+		tc_cache_fail(c, r, "metadata commit");
+		/* the flushes and FUA writes below report it */
+		if (!bio_list_empty(&bios))
+			atomic_set(&c->fail_report, 0);
+	}
 	tc_meta_end_bios(&bios, r);
 	return r;
 }
@@ -904,6 +939,11 @@ static int tc_meta_may_format(struct tc_cache *c, const struct tc_sb_info *i,
 		      c->meta.layout.nr_slots, c->block_sectors);
 		return -EBUSY;
 	}
+	if (i->flags & TC_SB_FAILED) {
+		/* its dirty blocks were given up when it failed */
+		DMINFO("%s: formatting a cache device marked failed", c->name);
+		return 0;
+	}
 	r = tc_meta_count_dirty(c, i, &dirty);
 	if (r) {
 		*error = "Cannot read the cache metadata";
@@ -966,6 +1006,12 @@ int tc_meta_open(struct tc_cache *c, struct tc_target *t, char **error)
 	}
 	if (r)
 		return r;
+	if (res == TC_SB_OK && !t->args.format && (i.flags & TC_SB_FAILED)) {
+		*error = "The cache device failed earlier (its superblock is marked failed): its dirty blocks may be older than the origin; format it (tiercache writeback --force writes them back offline)";
+		DMERR("%s: the cache device's superblock is marked failed: load refused",
+		      c->name);
+		return -EINVAL;
+	}
 	if (res == TC_SB_OK && !t->args.format)
 		return tc_meta_load(c, t, &i, error);
 	if (t->args.format)

@@ -169,7 +169,7 @@ static void tc_emit_info(struct tc_cache *c, char *result, unsigned int maxlen,
 	u64 ratio = reqs ? div64_u64(blocks * 100, reqs) : 0;
 	unsigned int sz = *sz_ptr;
 
-	DMEMIT("%s %u %u/%u %u %llu %llu %llu %llu %llu %s %llu %llu %llu %llu %llu.%02llu %lld %d %d %lu %d %lld %d",
+	DMEMIT("%s %u %u/%u %u %llu %llu %llu %llu %llu %s %llu %llu %llu %llu %llu.%02llu %lld %d %d %lu %d %lld %d %d",
 	       tc_mode_name(c->mode), c->block_sectors, tc_nr_used(c),
 	       c->nr_slots, tc_nr_dirty(c),
 	       tc_stat_sum(c, TC_S_READ_HIT), tc_stat_sum(c, TC_S_READ_MISS),
@@ -181,7 +181,8 @@ static void tc_emit_info(struct tc_cache *c, char *result, unsigned int maxlen,
 	       atomic64_read(&s->bridged_blocks),
 	       atomic_read(&s->inflight_max), READ_ONCE(c->fl.error),
 	       READ_ONCE(c->fl.flushes), READ_ONCE(c->cleaner) ? 1 : 0,
-	       atomic64_read(&c->meta.commits), READ_ONCE(c->meta.error));
+	       atomic64_read(&c->meta.commits), READ_ONCE(c->meta.error),
+	       READ_ONCE(c->failed));
 	*sz_ptr = sz;
 }
 
@@ -305,7 +306,7 @@ static void tc_postsuspend(struct dm_target *ti)
 	int r;
 
 	if (READ_ONCE(c->val[TC_KEY_FLUSH_ON_SUSPEND]) &&
-	    !READ_ONCE(c->read_only)) {
+	    !READ_ONCE(c->read_only) && !tc_failed(c)) {
 		r = tc_flush_sync(c);
 		if (r)
 			DMERR("%s: flush on suspend failed (%d): %u dirty blocks remain",

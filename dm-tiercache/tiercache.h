@@ -198,6 +198,7 @@ struct tc_meta {
 	u64 open_seq;			/* the commit new changes go to */
 	u64 committed_seq;
 	u32 gen;			/* format generation (tc_disk.h) */
+	u32 sb_flags;			/* TC_SB_* the superblock gets */
 	bool force_sb;			/* commit even if nothing changed */
 	bool any_changed;		/* a block is marked in changed */
 	bool suspended;			/* no timer commits */
@@ -257,6 +258,13 @@ struct tc_cache {
 	struct workqueue_struct *discard_wq;	/* waits for locks: own queue */
 	struct bio_set bs;
 
+	/* the cache device failed (tc_cache_fail()) */
+	int failed;			/* 0, or the error that latched it */
+	atomic_t fail_report;		/* the next flush fails: dirty lost */
+	struct bio_list wb_wait;	/* writes waiting for their slot's
+					 * writeback request (defer_lock)
+					 */
+
 	struct tc_stats stats;
 	struct tc_flush fl;
 	struct tc_meta meta;
@@ -289,6 +297,13 @@ struct tc_target {
 struct tc_cache *tc_cache_get(struct tc_target *t, u32 nr_slots, char **error);
 void tc_cache_put(struct tc_cache *c);
 void tc_cache_release_hold(struct tc_target *t);
+void tc_cache_fail(struct tc_cache *c, int err, const char *what);
+
+/* Has the cache device failed?  Nothing new goes to it then. */
+static inline bool tc_failed(struct tc_cache *c)
+{
+	return READ_ONCE(c->failed);
+}
 
 /* per-bio data */
 enum tc_stage {
@@ -302,6 +317,7 @@ enum tc_stage {
 	TC_ST_FUA_DONE,		/* slot write ended: wait for a commit */
 	TC_ST_TO_ORIGIN,	/* cache failed: to the origin instead */
 	TC_ST_AROUND_FUA,	/* locked: commit, then to the origin */
+	TC_ST_AGAIN,		/* locked: through the dispatcher again */
 };
 
 struct tc_bio {
@@ -372,6 +388,7 @@ void tc_discard_work(struct work_struct *w);
 void tc_requeue(void *ctx, struct bio_list *bios);
 struct tc_holder *tc_holder_of(struct bio *bio);
 void tc_queue_io(struct tc_cache *c, struct bio *bio);
+void tc_wake_wb_waiters(struct tc_cache *c);
 
 /* ---- tc_flush.c ---- */
 
