@@ -163,10 +163,10 @@ static enum tc_action tc_write_through(struct tc_cache *c, struct bio *bio,
  * dropped.  A dirty copy goes only for a whole-block write (the rest of
  * the block is only in the failed cache: a partial write fails), and only
  * once no writeback request of it is still writing (its older copy must
- * not land on the origin after this write).  The entry the cache device
- * may still record dirty is not committed away first, as it is for a FUA
- * write in the good state (tc_around_needs_commit()): a failed cache is
- * never loaded again (tc_disk.h, TC_SB_FAILED).
+ * not land on the origin after this write).  As in the good state, the
+ * write is durable only once a commit has recorded the dropped entry
+ * (tc_around_needs_commit(), tc_map_flush()): until the cache device
+ * takes commits again, FUA writes and flushes after such a drop fail.
  */
 static enum tc_action tc_write_failed(struct tc_cache *c, struct bio *bio,
 				      struct tc_bio *pb, u64 block)
@@ -249,7 +249,7 @@ static enum tc_lock_mode tc_bio_lock_mode(struct tc_cache *c, struct bio *bio,
  */
 static bool tc_around_needs_commit(struct tc_cache *c, struct tc_bio *pb)
 {
-	return pb->fua && !tc_failed(c) && tc_meta_stale(c);
+	return pb->fua && tc_meta_stale(c);
 }
 
 /*
@@ -362,13 +362,17 @@ static int tc_map_flush(struct tc_cache *c, struct bio *bio)
 {
 	if (dm_bio_get_target_bio_nr(bio) == 0 && tc_failed(c)) {
 		/*
-		 * Nothing acknowledged since the failure is in the cache; the
-		 * first flush after it reports what may be lost with it.
+		 * Nothing acknowledged since the failure is in the cache: the
+		 * first flush after it reports what may be lost with it, and
+		 * a commit is needed only to record dropped entries the disk
+		 * may still hold dirty (a crash would bring them back).
 		 */
 		if (atomic_xchg(&c->fail_report, 0))
 			return DM_MAPIO_KILL;
-		bio_endio(bio);
-		return DM_MAPIO_SUBMITTED;
+		if (!tc_meta_stale(c)) {
+			bio_endio(bio);
+			return DM_MAPIO_SUBMITTED;
+		}
 	}
 	if (dm_bio_get_target_bio_nr(bio) == 0) {
 		tc_meta_queue_bio(c, bio);
@@ -916,9 +920,8 @@ static void tc_discard(struct tc_cache *c, struct bio *bio)
 	if (lo < hi) {
 		tc_range_lock(&c->locks, &pb->range, lo, hi);
 		pb->discard = true;
-		/* a failed cache is never loaded again: no commit */
 		if (tc_discard_range(c, lo, hi, first, end) &&
-		    !tc_failed(c) && tc_meta_commit(c)) {
+		    tc_meta_commit(c)) {
 			bio_io_error(bio);
 			return;
 		}
