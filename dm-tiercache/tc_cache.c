@@ -48,6 +48,7 @@ static void tc_cache_destroy(struct tc_cache *c)
 	}
 	if (c->discard_wq)
 		destroy_workqueue(c->discard_wq);
+	flush_work(&c->fail_work);
 	tc_flush_exit(c);
 	dirty = tc_nr_dirty(c);
 	if (dirty)
@@ -62,6 +63,12 @@ static void tc_cache_destroy(struct tc_cache *c)
 	list_del(&c->list);
 	mutex_unlock(&tc_registry_lock);
 	kfree(c);
+}
+
+/* The failed state was latched: tell whoever waits for the device's events. */
+static void tc_cache_fail_work(struct work_struct *w)
+{
+	tc_flush_event(container_of(w, struct tc_cache, fail_work));
 }
 
 static int tc_cache_setup(struct tc_cache *c)
@@ -85,6 +92,7 @@ static int tc_cache_setup(struct tc_cache *c)
 	bio_list_init(&c->deferred);
 	bio_list_init(&c->discards);
 	bio_list_init(&c->wb_wait);
+	INIT_WORK(&c->fail_work, tc_cache_fail_work);
 	INIT_WORK(&c->io_work, tc_io_work);
 	INIT_WORK(&c->discard_work, tc_discard_work);
 	mutex_init(&c->ctl_lock);
@@ -303,26 +311,22 @@ out:
 
 /*
  * The cache device failed @what with @err: latch the failed state
- * (docs/tiercache.rst, "Failure handling").  From now on nothing new goes
- * to the cache device: reads of clean or uncached blocks go to the origin,
- * reads of dirty blocks still try their only copy, writes go around the
- * cache (dropping the cached copy: the commits that go on record that, as
- * long as the device takes them; a failed commit marks the superblock).
- * If dirty blocks were held, the next flush fails (once): writes
- * acknowledged before may be lost with them.  May be called from a bio's
- * completion.
+ * (docs/tiercache.rst, "Failure handling").  Until the cache is set up
+ * again nothing new goes to the cache device: reads of clean or uncached
+ * blocks go to the origin, reads of dirty blocks still try their only
+ * copy, writes go around the cache (dropping the cached copy: the commits
+ * that go on record that, as long as the device takes them; a failed
+ * commit marks the superblock).  A flush succeeds only if the cache holds
+ * nothing dirty, or if the device takes a commit (tc_map_flush()).  May
+ * be called from a bio's completion.
  */
 void tc_cache_fail(struct tc_cache *c, int err, const char *what)
 {
-	u32 dirty;
-
 	if (!err || cmpxchg(&c->failed, 0, err))
 		return;
-	dirty = tc_nr_dirty(c);
-	if (dirty)
-		atomic_set(&c->fail_report, 1);
-	DMERR("%s: the cache device failed (%s: %d): %u dirty blocks are at risk; from now on writes go to the origin ('tiercache status', 'tiercache detach --abandon')",
-	      c->name, what, err, dirty);
+	DMERR("%s: the cache device failed (%s: %d): until the cache is set up again, writes go around it and reads of its %u dirty blocks depend on it ('tiercache status'; 'tiercache detach --abandon' gives them up)",
+	      c->name, what, err, tc_nr_dirty(c));
+	schedule_work(&c->fail_work);
 }
 
 void tc_cache_put(struct tc_cache *c)

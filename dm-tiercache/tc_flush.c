@@ -89,7 +89,8 @@ struct tc_wb_req {
 
 /* ---- state ---- */
 
-static void tc_flush_event(struct tc_cache *c)
+/* A dm event for the active table (dmsetup wait, dmeventd). */
+void tc_flush_event(struct tc_cache *c)
 {
 	struct dm_target *ti = READ_ONCE(c->owner);
 

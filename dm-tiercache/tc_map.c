@@ -173,8 +173,11 @@ static enum tc_action tc_write_failed(struct tc_cache *c, struct bio *bio,
 {
 	u32 slot = tc_lookup(c, block);
 
-	tc_count(c, slot != TC_SLOT_NONE ? TC_S_WRITE_HIT : TC_S_WRITE_MISS);
-	tc_count(c, TC_S_WRITE_BYPASS);
+	if (!pb->again) {
+		tc_count(c, slot != TC_SLOT_NONE ? TC_S_WRITE_HIT :
+						   TC_S_WRITE_MISS);
+		tc_count(c, TC_S_WRITE_BYPASS);
+	}
 	if (slot == TC_SLOT_NONE)
 		return TC_TO_ORIGIN;
 	if (tc_slot_dirty(c, slot) && !tc_whole_block(c, bio)) {
@@ -262,13 +265,15 @@ static void tc_wait_wb(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 {
 	unsigned long flags;
 
+	u32 slot = pb->slot;	/* once parked, the bio may be gone */
+
 	pb->stage = TC_ST_AGAIN;
 	spin_lock_irqsave(&c->defer_lock, flags);
 	bio_list_add(&c->wb_wait, bio);
 	spin_unlock_irqrestore(&c->defer_lock, flags);
 	/* parked, then the slot read: pairs with tc_wake_wb_waiters() */
 	smp_mb();
-	if (!tc_slot_in_wb(c, pb->slot))
+	if (!tc_slot_in_wb(c, slot))
 		tc_wake_wb_waiters(c);
 }
 
@@ -360,19 +365,17 @@ static int tc_map_rw(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
  */
 static int tc_map_flush(struct tc_cache *c, struct bio *bio)
 {
-	if (dm_bio_get_target_bio_nr(bio) == 0 && tc_failed(c)) {
-		/*
-		 * Nothing acknowledged since the failure is in the cache: the
-		 * first flush after it reports what may be lost with it, and
-		 * a commit is needed only to record dropped entries the disk
-		 * may still hold dirty (a crash would bring them back).
-		 */
-		if (atomic_xchg(&c->fail_report, 0))
-			return DM_MAPIO_KILL;
-		if (!tc_meta_stale(c)) {
-			bio_endio(bio);
-			return DM_MAPIO_SUBMITTED;
-		}
+	/*
+	 * A failed cache takes no new data, but the dirty blocks it holds
+	 * (acknowledged, maybe only in the device's volatile cache) and the
+	 * dropped entries the disk may still record dirty (a crash would
+	 * bring their older data back) are durable only once the device
+	 * takes a commit: without them, the origin's flush is all.
+	 */
+	if (dm_bio_get_target_bio_nr(bio) == 0 && tc_failed(c) &&
+	    !tc_nr_dirty(c) && !tc_meta_stale(c)) {
+		bio_endio(bio);
+		return DM_MAPIO_SUBMITTED;
 	}
 	if (dm_bio_get_target_bio_nr(bio) == 0) {
 		tc_meta_queue_bio(c, bio);
@@ -404,6 +407,7 @@ int tc_map(struct dm_target *ti, struct bio *bio)
 	pb->was_clean = false;
 	pb->discard = false;
 	pb->meta_new = false;
+	pb->again = false;
 	pb->fua = bio->bi_opf & REQ_FUA;
 	pb->holder.granted = false;
 	pb->stage = TC_ST_NEW;
@@ -674,6 +678,12 @@ static void tc_both_done(struct tc_cache *c, struct bio *bio,
 			      "write");
 	if (slot != TC_SLOT_NONE && !dirty && (pb->status || pb->cache_status))
 		tc_remove(c, slot);
+	/* the origin holds the whole block's new data: drop the dirty copy */
+	if (dirty && pb->cache_status && !pb->status &&
+	    tc_whole_block(c, bio)) {
+		tc_remove(c, slot);
+		dirty = false;
+	}
 	if (dirty && pb->cache_status)
 		pb->status = pb->cache_status;
 	/* the data is on the origin: a stale entry must not overwrite it */
@@ -724,6 +734,7 @@ static void tc_mapped(struct bio *bio, int r)
 static void tc_again(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 {
 	pb->stage = TC_ST_NEW;
+	pb->again = true;
 	pb->to_cache = false;
 	pb->cache_status = BLK_STS_OK;
 	bio->bi_iter = pb->iter;

@@ -521,12 +521,8 @@ int tc_meta_commit(struct tc_cache *c)
 	if (r)
 		tc_meta_mark_failed(c);
 	mutex_unlock(&m->commit_lock);
-	if (r && !tc_failed(c)) {
+	if (r)
 		tc_cache_fail(c, r, "metadata commit");
-		/* the flushes and FUA writes below report it */
-		if (!bio_list_empty(&bios))
-			atomic_set(&c->fail_report, 0);
-	}
 	tc_meta_end_bios(&bios, r);
 	return r;
 }

@@ -21,6 +21,8 @@ static void tc_dtr(struct dm_target *ti)
 	if (t->c) {
 		if (READ_ONCE(t->c->owner) == ti)
 			WRITE_ONCE(t->c->owner, NULL);
+		/* an event of the failed state may still be raising on @ti */
+		flush_work(&t->c->fail_work);
 		tc_cache_put(t->c);
 	}
 	if (t->cache_dev)
@@ -306,7 +308,7 @@ static void tc_postsuspend(struct dm_target *ti)
 	int r;
 
 	if (READ_ONCE(c->val[TC_KEY_FLUSH_ON_SUSPEND]) &&
-	    !READ_ONCE(c->read_only) && !tc_failed(c)) {
+	    !READ_ONCE(c->read_only)) {
 		r = tc_flush_sync(c);
 		if (r)
 			DMERR("%s: flush on suspend failed (%d): %u dirty blocks remain",

@@ -260,7 +260,7 @@ struct tc_cache {
 
 	/* the cache device failed (tc_cache_fail()) */
 	int failed;			/* 0, or the error that latched it */
-	atomic_t fail_report;		/* the next flush fails: dirty lost */
+	struct work_struct fail_work;	/* raises the dm event of the latch */
 	struct bio_list wb_wait;	/* writes waiting for their slot's
 					 * writeback request (defer_lock)
 					 */
@@ -340,6 +340,7 @@ struct tc_bio {
 	struct bvec_iter iter;		/* as mapped, to send it again */
 	struct tc_buf buf;		/* promotion: the target's own copy */
 	struct tc_range range;
+	bool again;			/* dispatched again: counted once */
 };
 
 static inline void tc_count(struct tc_cache *c, enum tc_io_stat s)
@@ -403,6 +404,7 @@ int tc_flush_sync(struct tc_cache *c);
 int tc_flush_drain(struct tc_cache *c);
 void tc_flush_exit(struct tc_cache *c);
 const char *tc_flush_state(struct tc_cache *c);
+void tc_flush_event(struct tc_cache *c);
 
 /* ---- tc_io.c: page buffers and bio helpers ---- */
 
