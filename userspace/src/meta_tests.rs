@@ -45,6 +45,7 @@ fn sb(commit_seq: u64) -> Superblock {
         uuid: "TIERCACHE-t".into(),
         version: disk::VERSION,
         generation: G,
+        flags: 0,
     }
 }
 

@@ -52,6 +52,8 @@ struct Meta {
     block_sectors: u32,
     commit_seq: u64,
     generation: u32,
+    /// Superblock flags (disk::SB_FAILED).
+    flags: u32,
     /// (slot, origin block, dirty, seq)
     entries: Vec<(u64, u64, bool, u64)>,
 }
@@ -66,6 +68,7 @@ impl Meta {
             block_sectors: 8,
             commit_seq: 10,
             generation: 0x0bad_cafe,
+            flags: 0,
             entries: vec![],
         }
     }
@@ -86,6 +89,7 @@ impl Meta {
             uuid: self.uuid.clone(),
             version: disk::VERSION,
             generation: self.generation,
+            flags: self.flags,
         };
         let mut v = vec![0u8; (layout.meta_end_sector() * 512) as usize];
         v[..disk::SB_BYTES].copy_from_slice(&disk::encode_sb(&sb));
