@@ -37,6 +37,10 @@ pub struct Sim {
     pub incoming: u64,
     /// Field 22: the latched metadata commit error.
     pub meta_error: i32,
+    /// Field 23: the cache device error that latched the failed state.
+    pub cache_failed: i32,
+    /// Print only the first this many status fields (an older module).
+    pub nr_fields: Option<usize>,
     pub msgs: Vec<String>,
 }
 
@@ -59,6 +63,8 @@ impl Sim {
             fail_with: None,
             incoming: 0,
             meta_error: 0,
+            cache_failed: 0,
+            nr_fields: None,
             msgs: vec![],
         }
     }
@@ -72,8 +78,8 @@ impl Sim {
         } else {
             0.0
         };
-        format!(
-            "{} {} {}/{} {} 0 0 0 0 0 {} {} {} {} {} {:.2} 0 4 {} {} {} {} {}",
+        let line = format!(
+            "{} {} {}/{} {} 0 0 0 0 0 {} {} {} {} {} {:.2} 0 4 {} {} {} {} {} {}",
             self.mode,
             self.block_size,
             self.used,
@@ -89,8 +95,13 @@ impl Sim {
             self.flushes,
             if self.cleaner { 1 } else { 0 },
             self.flushes + 2,
-            self.meta_error
-        )
+            self.meta_error,
+            self.cache_failed
+        );
+        match self.nr_fields {
+            Some(n) => line.split(' ').take(n).collect::<Vec<_>>().join(" "),
+            None => line,
+        }
     }
 
     /// One step of simulated time; returns true if an event is raised.
