@@ -1239,6 +1239,8 @@ impl<'a> Ctx<'a> {
             "read_hit_ratio": s.read_hit_ratio().map(round4),
             "write_hit_ratio": s.write_hit_ratio().map(round4),
             "error_name": if s.error != 0 { Some(crate::error::errno_name(s.error)) } else { None },
+            "failed": s.failed_errno().is_some(),
+            "cache_failed_name": s.failed_errno().map(crate::error::errno_name),
         })
     }
 
@@ -1251,13 +1253,46 @@ impl<'a> Ctx<'a> {
                 .unwrap_or("--".into())
         };
         o += &format!(
-            "{name}: {} cache of {} ({}:{}){}\n",
+            "{name}: {} cache of {} ({}:{}){}{}\n",
             s.mode,
             fmt_bytes(cd.len * 512),
             cd.info.devno.0,
             cd.info.devno.1,
+            if s.failed_errno().is_some() {
+                ", CACHE DEVICE FAILED"
+            } else {
+                ""
+            },
             if cd.info.suspended { ", SUSPENDED" } else { "" }
         );
+        if let Some(e) = s.failed_errno() {
+            let lost = if s.dirty_blocks == 0 {
+                "no dirty blocks, nothing is lost".to_string()
+            } else {
+                let (blocks, are) = if s.dirty_blocks == 1 {
+                    ("block", "is")
+                } else {
+                    ("blocks", "are")
+                };
+                format!(
+                    "{} dirty {blocks} ({}) {are} only in the failed cache; reads of them fail",
+                    s.dirty_blocks,
+                    fmt_bytes(s.dirty_bytes())
+                )
+            };
+            o += &format!(
+                "  FAILED:     cache device FAILED (error {e}, {}): {lost}; all other IO goes to the origin\n",
+                crate::error::errno_name(e)
+            );
+            o += &format!(
+                "  way out:    tiercache detach {name} --abandon (the origin without the cache{})\n",
+                if s.dirty_blocks == 0 {
+                    ""
+                } else {
+                    "; the dirty blocks read as the origin's older data"
+                }
+            );
+        }
         o += &format!("  origin:     {}\n", self.describe(&cd.table.origin));
         o += &format!(
             "  cache:      {}, {} in {} blocks of {}\n",
@@ -1400,7 +1435,7 @@ impl<'a> Ctx<'a> {
                         "cache": self.describe(&c.table.cache),
                         "cache_bytes": s.cache_bytes(), "used_bytes": s.used_bytes(),
                         "dirty_bytes": s.dirty_bytes(), "flush_state": s.flush_state.as_str(),
-                        "error": s.error,
+                        "error": s.error, "cache_failed": s.failed_errno().unwrap_or(0),
                     }));
                 }
                 Ok(Some(DevKind::Detached { table, .. })) => {
@@ -1413,7 +1448,7 @@ impl<'a> Ctx<'a> {
                     rows.push(serde_json::json!({
                         "name": n, "state": "detached", "mode": "linear", "size_bytes": size,
                         "origin": origin, "cache": null, "cache_bytes": 0, "used_bytes": 0,
-                        "dirty_bytes": 0, "flush_state": null, "error": 0,
+                        "dirty_bytes": 0, "flush_state": null, "error": 0, "cache_failed": 0,
                     }));
                 }
                 Ok(_) => {}
@@ -1449,7 +1484,9 @@ impl<'a> Ctx<'a> {
                 if cached { b("used_bytes") } else { "-".into() },
                 if cached { b("dirty_bytes") } else { "-".into() },
                 if cached {
-                    if r["error"].as_i64() != Some(0) {
+                    if r["cache_failed"].as_i64() != Some(0) {
+                        "FAILED".into()
+                    } else if r["error"].as_i64() != Some(0) {
                         "ERROR".into()
                     } else {
                         s("flush_state")

@@ -550,6 +550,87 @@ fn status_text_and_json() {
 }
 
 #[test]
+fn status_shows_a_failed_cache() {
+    let t = T::new();
+    t.cached("c", 12);
+    t.ctx().status(&["c".into()], false).unwrap();
+    let o = t.out.text();
+    assert!(!o.contains("FAILED") && !o.contains("--abandon"), "{o}");
+
+    t.dm.with("c", |d| d.sim.as_mut().unwrap().cache_failed = -5);
+    t.ctx().status(&["c".into()], false).unwrap();
+    let o = t.out.text();
+    let o = &o[o.rfind("c: writeback").unwrap()..];
+    let lines: Vec<&str> = o.lines().collect();
+    assert!(lines[0].ends_with(", CACHE DEVICE FAILED"), "{o}");
+    assert_eq!(
+        lines[1],
+        "  FAILED:     cache device FAILED (error -5, EIO (Input/output error)): \
+         12 dirty blocks (48 KiB) are only in the failed cache; reads of them fail; \
+         all other IO goes to the origin"
+    );
+    assert_eq!(
+        lines[2],
+        "  way out:    tiercache detach c --abandon (the origin without the cache; \
+         the dirty blocks read as the origin's older data)"
+    );
+
+    let t = T::new();
+    t.cached("c", 0);
+    t.dm.with("c", |d| d.sim.as_mut().unwrap().cache_failed = -5);
+    t.ctx().status(&["c".into()], false).unwrap();
+    let o = t.out.text();
+    assert!(
+        o.contains("(error -5, EIO (Input/output error)): no dirty blocks, nothing is lost;"),
+        "{o}"
+    );
+    assert!(
+        o.contains("way out:    tiercache detach c --abandon (the origin without the cache)\n"),
+        "{o}"
+    );
+
+    let t = T::new();
+    t.cached("c", 12);
+    t.cached("d", 0);
+    t.dm.with("c", |d| d.sim.as_mut().unwrap().cache_failed = -5);
+    t.ctx().status(&[], true).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&t.out.text()).unwrap();
+    assert_eq!(v[0]["status"]["cache_failed"], -5);
+    assert_eq!(v[0]["failed"], true);
+    assert_eq!(v[0]["cache_failed_name"], "EIO (Input/output error)");
+    assert_eq!(v[1]["status"]["cache_failed"], 0);
+    assert_eq!(v[1]["failed"], false);
+    assert!(v[1]["cache_failed_name"].is_null());
+
+    // A module without field 23: null, never "failed".
+    t.dm.with("d", |d| d.sim.as_mut().unwrap().nr_fields = Some(22));
+    let t2 = Buf::default();
+    let ctx = Ctx {
+        out: RefCell::new(Box::new(t2.clone())),
+        ..t.ctx()
+    };
+    ctx.status(&["d".into()], true).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&t2.text()).unwrap();
+    assert!(v[0]["status"]["cache_failed"].is_null());
+    assert_eq!(v[0]["failed"], false);
+
+    // list: FAILED in the flush column.
+    let t3 = Buf::default();
+    let ctx = Ctx {
+        out: RefCell::new(Box::new(t3.clone())),
+        ..t.ctx()
+    };
+    ctx.list(false).unwrap();
+    let row = t3
+        .text()
+        .lines()
+        .find(|l| l.starts_with("c "))
+        .unwrap()
+        .to_string();
+    assert!(row.contains(" FAILED "), "{row}");
+}
+
+#[test]
 fn status_errors() {
     let t = T::new();
     let e = t.ctx().status(&["zz".into()], false).unwrap_err();
