@@ -34,6 +34,7 @@ Exit status:
  12  the superblock is corrupt, of an unknown version, or larger than the device
  13  corrupt metadata entries
  14  duplicate dirty entries (one origin block dirty in several slots)
+ 15  the superblock is marked failed (the cache device failed, or was abandoned)
 
 Units: sizes take a suffix (s = 512-byte sectors, b, K, M, G); a bare number
 is KiB.  Keys ending in _kb are KiB, watermarks are percent of the cache.";
@@ -357,10 +358,12 @@ prints a summary.  DEVICE may be a block device or an image file.  Exit
 status: 0 consistent, 10 cannot read the device, 11 no superblock (never
 formatted), 12 superblock corrupt or of an unknown version, 13 corrupt
 entries (each listed with its slot and the reason), 14 an origin block dirty
-in several slots; the lowest applies.  Entries of a commit that did not
-finish are ignored, as the module ignores them.  Entries of another format
-generation (an earlier format's, or bytes the device held before) are free
-slots, counted apart, not errors.")]
+in several slots, 15 the superblock is marked failed (the module saw its
+metadata commits fail, or an administrator abandoned the cache with 'detach
+--abandon': the module does not load it again); the lowest applies.
+Entries of a commit that did not finish are ignored, as the module ignores
+them.  Entries of another format generation (an earlier format's, or bytes
+the device held before) are free slots, counted apart, not errors.")]
     Check {
         /// Cache device or image file
         device: String,
@@ -372,9 +375,9 @@ slots, counted apart, not errors.")]
     #[command(after_help = "\
 Each entry: slot, origin block, state (dirty, clean, uncommitted, or what is
 wrong with it) and the commit that wrote it.  Exit status as for check, but
-corrupt entries are shown, not judged.  The superblock shows the format
-version and generation; entries of another generation (foreign) are free
-slots, shown with --all.")]
+corrupt entries and the failed mark are shown, not judged.  The superblock
+shows the format version, generation and flags (failed); entries of another
+generation (foreign) are free slots, shown with --all.")]
     Dump {
         /// Cache device or image file
         device: String,
@@ -394,7 +397,10 @@ as clean (and synced), so that a later load does not write them again.  Both
 devices are opened exclusively: refused while a device-mapper device or a
 mount uses either.  Refused on a bad superblock, on corrupt entries and on
 ambiguous (duplicate) dirty entries; --force writes back the rest and leaves
-those as they are.  Exit status as for check, 4 when a device is in use.")]
+those as they are.  Refused on a superblock marked failed: writes since the
+failure went to the origin, which may hold newer data than the dirty blocks;
+--force writes them anyway (the mark stays).  Exit status as for check, 4
+when a device is in use.")]
     Writeback {
         /// The cache device (or image file)
         #[arg(long, value_name = "DEV")]
@@ -405,7 +411,7 @@ those as they are.  Exit status as for check, 4 when a device is in use.")]
         /// Show what would be written, write nothing
         #[arg(long)]
         dry_run: bool,
-        /// Skip corrupt and duplicate entries instead of refusing
+        /// Skip corrupt and duplicate entries, write back a cache marked failed
         #[arg(long)]
         force: bool,
     },
