@@ -239,11 +239,81 @@ pub fn decode_sb(raw: &[u8]) -> (SbState, Option<Superblock>) {
     )
 }
 
+fn sb_bytes(sb: &ffi::tc_disk_sb) -> [u8; SB_BYTES] {
+    let mut out = [0u8; SB_BYTES];
+    // SAFETY: sb is SB_BYTES bytes of plain data.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (sb as *const ffi::tc_disk_sb).cast::<u8>(),
+            out.as_mut_ptr(),
+            SB_BYTES,
+        )
+    };
+    out
+}
+
+/// The superblock area `area` (the first `SB_SECTORS` of a cache device)
+/// with its superblock marked failed (`TC_SB_FAILED`): decoded with
+/// `tc_sb_decode`, the flag added, encoded again with `tc_sb_encode`,
+/// which recomputes the checksum.  The rest of the area is kept.
+/// `tc_sb_encode` writes the current version: a version 1 superblock
+/// becomes one of version 2 and generation 0, as the module's first
+/// commit makes it.  `None`: marked already, nothing to write.  Refused
+/// if the superblock does not decode (`dev` names the device).
+pub fn sb_marked_failed(area: &[u8], dev: &str) -> Result<Option<Vec<u8>>> {
+    let mut sb = sb_from_bytes(area);
+    let mut i = ffi::tc_sb_info::default();
+    // SAFETY: both pointers are to live, properly aligned structs.
+    let st = SbState::from_c(unsafe { ffi::tc_sb_decode(&sb, &mut i) });
+    if st != SbState::Ok {
+        let kind = if st == SbState::Blank {
+            Kind::NoSuperblock
+        } else {
+            Kind::BadSuperblock
+        };
+        return Err(Error::new(kind, format!("{dev}: {}", st.describe())));
+    }
+    if i.flags & SB_FAILED != 0 {
+        return Ok(None);
+    }
+    i.flags |= SB_FAILED;
+    // SAFETY: both pointers are to live, properly aligned structs.
+    unsafe { ffi::tc_sb_encode(&mut sb, &i) };
+    let mut out = area.to_vec();
+    out[..SB_BYTES].copy_from_slice(&sb_bytes(&sb));
+    Ok(Some(out))
+}
+
+/// Mark the superblock of `dev` failed (`sb_marked_failed`): read its
+/// superblock area, write it back marked, sync, and read it back to
+/// check.  Returns false if it was marked already (nothing written).
+pub fn mark_failed(dev: &Dev) -> Result<bool> {
+    let n = (SB_SECTORS * 512) as usize;
+    let area = dev.read_at(0, n)?;
+    let Some(new) = sb_marked_failed(&area, dev.path())? else {
+        return Ok(false);
+    };
+    dev.write_at(0, &new)?;
+    dev.sync()?;
+    let (st, sb) = decode_sb(&dev.read_at(0, SB_BYTES)?);
+    if st != SbState::Ok || !sb.is_some_and(|sb| sb.failed()) {
+        return Err(Error::new(
+            Kind::Unreadable,
+            format!(
+                "{}: the superblock does not read back marked failed ({})",
+                dev.path(),
+                st.describe()
+            ),
+        ));
+    }
+    Ok(true)
+}
+
 /// Encode a superblock (`tc_sb_encode`, which writes the current
 /// version).  The uuid is cut at 128 bytes.  `version` 1 gives what the
 /// version 1 code wrote: the version field and checksum are redone (the
-/// generation must be 0).  The tool never writes a superblock (the module
-/// formats): for tests.
+/// generation must be 0).  The tool writes no superblock but to mark one
+/// failed (`sb_marked_failed`, through the C code): for tests.
 #[cfg(test)]
 pub fn encode_sb(s: &Superblock) -> [u8; SB_BYTES] {
     let mut i = ffi::tc_sb_info {
@@ -265,15 +335,7 @@ pub fn encode_sb(s: &Superblock) -> [u8; SB_BYTES] {
     let mut sb = ffi::tc_disk_sb::default();
     // SAFETY: both pointers are to live, properly aligned structs.
     unsafe { ffi::tc_sb_encode(&mut sb, &i) };
-    let mut out = [0u8; SB_BYTES];
-    // SAFETY: sb is SB_BYTES bytes of plain data.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            (&sb as *const ffi::tc_disk_sb).cast::<u8>(),
-            out.as_mut_ptr(),
-            SB_BYTES,
-        )
-    };
+    let mut out = sb_bytes(&sb);
     if s.version != VERSION {
         let v = std::mem::offset_of!(ffi::tc_disk_sb, version);
         let c = std::mem::offset_of!(ffi::tc_disk_sb, csum);
@@ -1104,6 +1166,75 @@ mod tests {
             let raw = encode_sb(&Superblock { flags, ..sample() });
             assert_eq!(decode_sb(&raw).0, SbState::BadFields, "flags {flags:#x}");
         }
+    }
+
+    #[test]
+    fn marking_a_superblock_failed() {
+        let mut area = vec![0u8; (SB_SECTORS * 512) as usize];
+        area[..SB_BYTES].copy_from_slice(&encode_sb(&sample()));
+        area[SB_BYTES + 7] = 0x5a; // beyond the superblock: kept
+        let new = sb_marked_failed(&area, "dev").unwrap().unwrap();
+        assert_eq!(new.len(), area.len());
+        assert_eq!(new[SB_BYTES..], area[SB_BYTES..]);
+        let (st, got) = decode_sb(&new);
+        assert_eq!(st, SbState::Ok);
+        assert_eq!(
+            got.unwrap(),
+            Superblock {
+                flags: SB_FAILED,
+                ..sample()
+            }
+        );
+        // Byte for byte what the C encoder writes for the marked superblock.
+        assert_eq!(
+            new[..SB_BYTES],
+            encode_sb(&Superblock {
+                flags: SB_FAILED,
+                ..sample()
+            })
+        );
+        assert_eq!(sb_marked_failed(&new, "dev").unwrap(), None);
+
+        // Version 1: written as version 2, generation 0.
+        let v1 = Superblock {
+            version: 1,
+            generation: 0,
+            ..sample()
+        };
+        let new = sb_marked_failed(&encode_sb(&v1), "dev").unwrap().unwrap();
+        let got = decode_sb(&new).1.unwrap();
+        assert_eq!((got.version, got.generation, got.flags), (2, 0, SB_FAILED));
+        assert_eq!((got.layout, got.commit_seq), (v1.layout, v1.commit_seq));
+
+        // Nothing to mark: refused.
+        let e = sb_marked_failed(&[0u8; 4096], "dev").unwrap_err();
+        assert_eq!(e.kind, Kind::NoSuperblock);
+        let mut bad = area.clone();
+        bad[100] ^= 1;
+        let e = sb_marked_failed(&bad, "dev").unwrap_err();
+        assert_eq!(e.kind, Kind::BadSuperblock);
+        assert_eq!(e.msg, "dev: superblock checksum mismatch (torn or corrupt)");
+    }
+
+    #[test]
+    fn mark_failed_on_an_image_file() {
+        let sb = sample();
+        let img = build_image(&sb, 4096, &[(3, 77, true, 5)], |_| 0xab);
+        let path = std::env::temp_dir().join(format!("tiercache-mark-{}.img", std::process::id()));
+        std::fs::write(&path, &img).unwrap();
+        let p = path.to_string_lossy().into_owned();
+        let dev = Dev::open(&p, Access::WriteExclusive).unwrap();
+        assert!(mark_failed(&dev).unwrap());
+        assert!(!mark_failed(&dev).unwrap(), "marked already");
+        drop(dev);
+        let after = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert!(decode_sb(&after).1.unwrap().failed());
+        assert_eq!(after.len(), img.len());
+        assert!(
+            after[SB_BYTES..] == img[SB_BYTES..],
+            "only the superblock changed"
+        );
     }
 
     #[test]

@@ -398,6 +398,13 @@ pub struct FakeHost {
     pub images: RefCell<BTreeMap<String, Vec<u8>>>,
     /// Devices whose superblock was cleared.
     pub cleared: RefCell<Vec<String>>,
+    /// Devices whose superblock was marked failed.
+    pub marked: RefCell<Vec<String>>,
+    /// Writes to the superblock fail (a cache device that failed).
+    pub sb_write_error: Cell<bool>,
+    pub stdin_tty: Cell<bool>,
+    /// What stdin holds, line by line.
+    pub stdin: RefCell<std::collections::VecDeque<String>>,
 }
 
 /// A device image: `data`, then zeros up to `size`.
@@ -508,6 +515,44 @@ impl Host for FakeHost {
             img[..n].fill(0);
         }
         Ok(())
+    }
+    fn mark_superblock_failed(&self, bd: &BlockDev) -> Result<bool> {
+        let mut images = self.images.borrow_mut();
+        let Some(img) = images.get_mut(&bd.path) else {
+            return Err(Error::new(
+                Kind::Unreadable,
+                format!("{}: cannot open: No such file or directory", bd.path),
+            ));
+        };
+        let n = (crate::disk::SB_SECTORS * 512) as usize;
+        if img.len() < n {
+            img.resize(n, 0);
+        }
+        let Some(new) = crate::disk::sb_marked_failed(&img[..n], &bd.path)? else {
+            return Ok(false);
+        };
+        if self.sb_write_error.get() {
+            return Err(Error::new(
+                Kind::Unreadable,
+                format!("{}: write error at byte 0: Input/output error", bd.path),
+            ));
+        }
+        img[..n].copy_from_slice(&new);
+        self.marked.borrow_mut().push(bd.path.clone());
+        Ok(true)
+    }
+    fn node_of_devno(&self, devno: (u32, u32)) -> Option<String> {
+        self.devs
+            .borrow()
+            .values()
+            .find(|d| d.devno == devno)
+            .map(|d| d.path.clone())
+    }
+    fn stdin_is_tty(&self) -> bool {
+        self.stdin_tty.get()
+    }
+    fn read_line(&self) -> Result<Option<String>> {
+        Ok(self.stdin.borrow_mut().pop_front())
     }
     fn open_read(&self, bd: &BlockDev) -> Result<Box<dyn ReadAt>> {
         Ok(Box::new(SparseImage {
