@@ -310,7 +310,22 @@ that boot-time autoactivation never exposes the origin without its cache;
 The cache is flushed, switched to cleaner mode, and the device's table is
 swapped for a linear mapping of the origin while it stays open.  Then the
 cache is released: its LV is kept (--split, the default) or removed
-(--uncache).  'tiercache remove NAME' drops the mapping once unused.")]
+(--uncache), the LVs lose their tiercache tags and the device its line in
+the configuration file (the origin LV activates on its own at boot; use it
+directly).  'tiercache remove NAME' drops the mapping once unused.
+
+--abandon is the way out of a failed cache device ('tiercache status'
+shows FAILED): no flush, no cleaner mode.  The dirty blocks only the cache
+holds are lost: those blocks read as the origin's older data.  It says how
+many, asks to type the device name (--yes: no question; without a terminal
+and without --yes it refuses), swaps the table for the linear mapping and
+releases the cache as above, and marks the cache device's superblock
+failed: no module loads it again ('tiercache create' or 'attach' with
+--format reuses it; 'tiercache writeback --force' still copies its dirty
+blocks offline).  If that mark cannot be written, a warning says to wipe or
+format the device before any other use.  --abandon is refused (exit 5) on a
+cache the module does not report failed, unless --force (a cache device
+that hangs instead of failing).")]
     Detach {
         name: String,
         /// Keep the cache LV (default)
@@ -319,6 +334,15 @@ cache is released: its LV is kept (--split, the default) or removed
         /// Remove the cache LV
         #[arg(long)]
         uncache: bool,
+        /// Give up a failed cache device: no flush, its dirty blocks are lost
+        #[arg(long, conflicts_with = "timeout")]
+        abandon: bool,
+        /// With --abandon: do not ask for confirmation
+        #[arg(long, requires = "abandon")]
+        yes: bool,
+        /// With --abandon: also a cache device the module does not report failed
+        #[arg(long, requires = "abandon")]
+        force: bool,
         #[command(flatten)]
         wait: WaitOpts,
     },
@@ -502,6 +526,9 @@ fn plan(cmd: Cmd) -> Result<Action> {
             name,
             split: _,
             uncache,
+            abandon,
+            yes,
+            force,
             wait,
         } => {
             let o = wait.to_opts()?;
@@ -510,7 +537,11 @@ fn plan(cmd: Cmd) -> Result<Action> {
             } else {
                 DetachCache::Split
             };
-            Action::Dm(Box::new(move |c| c.detach(&name, m, o)))
+            if abandon {
+                Action::Dm(Box::new(move |c| c.abandon(&name, m, yes, force)))
+            } else {
+                Action::Dm(Box::new(move |c| c.detach(&name, m, o)))
+            }
         }
         Cmd::Activate { all, names, format } => {
             if all != names.is_empty() {

@@ -855,6 +855,265 @@ fn detach_keeps_cache_on_flush_error() {
     assert!(t.lvm.get("vg", "slow").has_tag(TAG_ORIGIN));
 }
 
+/// A failed cache device: the module reports `errno` in status field 23.
+fn fail_cache(t: &T, name: &str, dirty: u64, errno: i32) {
+    t.dm.with(name, |d| {
+        let s = d.sim.as_mut().unwrap();
+        s.dirty = dirty;
+        s.used = s.used.max(dirty);
+        s.cache_failed = errno;
+    });
+}
+
+fn sb_of(t: &T, path: &str) -> disk::Superblock {
+    let img = t.host.images.borrow()[path].clone();
+    let (st, sb) = disk::decode_sb(&img);
+    assert_eq!(st, disk::SbState::Ok);
+    sb.unwrap()
+}
+
+#[test]
+fn abandon_is_refused_on_a_cache_that_did_not_fail() {
+    let t = T::new();
+    t.cached("c", 12);
+    t.image("/dev/fast", &Meta::new("c", FAST, SLOW).dirty(12));
+    let e = t
+        .ctx()
+        .abandon("c", DetachCache::Split, true, false)
+        .unwrap_err();
+    assert_eq!((e.kind, e.kind.exit_code()), (Kind::Dirty, 5));
+    assert!(
+        e.msg.contains("the cache device dev8:32 has not failed")
+            && e.msg.contains("12 dirty blocks (48 KiB)")
+            && e.msg.contains("'tiercache detach c' writes back first"),
+        "{}",
+        e.msg
+    );
+    assert!(e.hint.unwrap().contains("--force"));
+    // A module without field 23 cannot say: refused too.
+    t.dm.with("c", |d| d.sim.as_mut().unwrap().nr_fields = Some(22));
+    let e = t
+        .ctx()
+        .abandon("c", DetachCache::Split, true, false)
+        .unwrap_err();
+    assert!(e.msg.contains("no status field 23"), "{}", e.msg);
+    assert!(t.log().is_empty(), "nothing done: {:?}", t.log());
+    assert!(t.host.marked.borrow().is_empty());
+    assert!(matches!(
+        t.ctx().classify("c").unwrap(),
+        Some(DevKind::Cached(_))
+    ));
+}
+
+#[test]
+fn abandon_swaps_to_linear_without_flushing() {
+    let t = T::new();
+    attach(&t);
+    t.image("/dev/vg/fast", &Meta::new("slow", FAST, SLOW).dirty(3));
+    t.dm.with("slow", |d| d.info.open_count = 1); // mounted
+    fail_cache(&t, "slow", 500, -5);
+    t.dm.log.borrow_mut().clear();
+    t.ctx()
+        .abandon("slow", DetachCache::Split, true, false)
+        .unwrap();
+    let log = t.log();
+    assert_eq!(
+        log,
+        [
+            "load slow 0 524288 linear 253:1 0",
+            "suspend slow",
+            "resume slow"
+        ],
+        "no flush, no cleaner, no remove"
+    );
+    assert!(matches!(
+        t.ctx().classify("slow").unwrap(),
+        Some(DevKind::Detached { .. })
+    ));
+    // Released as detach releases it: LV marks, configuration entry.
+    assert!(!t.lvm.get("vg", "slow").has_tag(TAG_ORIGIN));
+    assert!(!t.lvm.get("vg", "slow").skip_activation);
+    assert!(!t.lvm.get("vg", "fast").has_tag(TAG_CACHE));
+    assert!(!t.host.files.borrow()[CONF].contains("vg/slow"));
+    let e = t
+        .ctx()
+        .activate(false, &["slow".into()], false)
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::NotFound);
+    // The superblock is marked failed, the rest of it as it was.
+    assert_eq!(*t.host.marked.borrow(), ["/dev/vg/fast"]);
+    let sb = sb_of(&t, "/dev/vg/fast");
+    assert!(sb.failed());
+    assert_eq!(sb.commit_seq, 10);
+    let o = t.out.text();
+    for needle in [
+        "slow: the cache device dev253:2 FAILED (error -5, EIO (Input/output error)); abandoning it: \
+         its 500 dirty blocks (",
+        ") are lost: those blocks will read as the origin's older data\n",
+        "slow: cache abandoned: /dev/mapper/slow now maps vg/slow directly; 500 dirty blocks (",
+        ") lost; cache LV vg/fast kept, its superblock marked failed (no module loads it again)\n",
+        "'tiercache remove slow' drops the mapping",
+    ] {
+        assert!(o.contains(needle), "missing '{needle}' in\n{o}");
+    }
+    assert_eq!(t.err.text(), "", "no question with --yes, no warning");
+
+    // Once more: not a cache any more.
+    let e = t
+        .ctx()
+        .abandon("slow", DetachCache::Split, true, false)
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::NotFound);
+}
+
+#[test]
+fn abandon_asks_for_the_device_name() {
+    let t = T::new();
+    t.cached("c", 7);
+    t.image("/dev/fast", &Meta::new("c", FAST, SLOW).dirty(7));
+    fail_cache(&t, "c", 7, -5);
+    // No terminal, no --yes.
+    let e = t
+        .ctx()
+        .abandon("c", DetachCache::Split, false, false)
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::Dirty);
+    assert!(e.msg.contains("stdin is not a terminal"), "{}", e.msg);
+    assert!(e.hint.unwrap().contains("--yes"));
+    // A terminal: the wrong name, then nothing at all.
+    t.host.stdin_tty.set(true);
+    t.host.stdin.borrow_mut().push_back("d".into());
+    let e = t
+        .ctx()
+        .abandon("c", DetachCache::Split, false, false)
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::Dirty);
+    assert_eq!(
+        e.msg,
+        "c: not confirmed ('d' is not 'c'): nothing was changed"
+    );
+    assert!(t
+        .err
+        .text()
+        .contains("Type the device name (c) to abandon its cache: "));
+    let e = t
+        .ctx()
+        .abandon("c", DetachCache::Split, false, false)
+        .unwrap_err();
+    assert!(e.msg.contains("(end of input)"), "{}", e.msg);
+    assert!(t.log().is_empty(), "nothing done: {:?}", t.log());
+    assert!(t.host.marked.borrow().is_empty());
+    assert!(t
+        .out
+        .text()
+        .contains("its 7 dirty blocks (28 KiB) are lost"));
+    // The right name.
+    t.host.stdin.borrow_mut().push_back(" c".into());
+    t.ctx()
+        .abandon("c", DetachCache::Split, false, false)
+        .unwrap();
+    assert!(t
+        .log()
+        .contains(&"load c 0 524288 linear 8:16 0".to_string()));
+    assert_eq!(*t.host.marked.borrow(), ["/dev/fast"]);
+    assert!(t.out.text().contains(
+        "7 dirty blocks (28 KiB) lost; cache dev8:32 released, its superblock marked failed"
+    ));
+}
+
+#[test]
+fn abandon_warns_if_the_superblock_cannot_be_marked() {
+    let t = T::new();
+    t.cached("c", 0);
+    t.image("/dev/fast", &Meta::new("c", FAST, SLOW));
+    fail_cache(&t, "c", 0, -5);
+    t.host.sb_write_error.set(true);
+    t.ctx()
+        .abandon("c", DetachCache::Split, true, false)
+        .unwrap();
+    assert!(matches!(
+        t.ctx().classify("c").unwrap(),
+        Some(DevKind::Detached { .. })
+    ));
+    let err = t.err.text();
+    assert!(
+        err.contains(
+            "tiercache: warning: c: cannot mark the superblock of the cache device dev8:32 failed: \
+             /dev/fast: write error at byte 0: Input/output error; wipe or format the device"
+        ),
+        "{err}"
+    );
+    let o = t.out.text();
+    assert!(
+        o.contains("it holds no dirty blocks, nothing is lost"),
+        "{o}"
+    );
+    assert!(
+        o.contains(
+            "no dirty blocks lost; cache dev8:32 released, its superblock NOT marked failed"
+        ),
+        "{o}"
+    );
+    assert!(!sb_of(&t, "/dev/fast").failed());
+
+    // Marked already (by the module, when a commit failed): nothing written.
+    let t = T::new();
+    t.cached("c", 2);
+    let mut m = Meta::new("c", FAST, SLOW).dirty(2);
+    m.flags = disk::SB_FAILED;
+    t.image("/dev/fast", &m);
+    fail_cache(&t, "c", 2, -5);
+    t.ctx()
+        .abandon("c", DetachCache::Split, true, false)
+        .unwrap();
+    assert!(t.host.marked.borrow().is_empty());
+    assert!(t
+        .out
+        .text()
+        .contains("its superblock was marked failed already"));
+}
+
+#[test]
+fn abandon_force_and_uncache() {
+    // A cache device that hangs: not reported failed, --force.
+    let t = T::new();
+    attach(&t);
+    t.image("/dev/vg/fast", &Meta::new("slow", FAST, SLOW).dirty(4));
+    fail_cache(&t, "slow", 4, 0);
+    t.ctx()
+        .abandon("slow", DetachCache::Uncache, true, true)
+        .unwrap();
+    let o = t.out.text();
+    assert!(
+        o.contains(
+            "the cache device dev253:2 is not reported failed; abandoning it anyway (--force)"
+        ),
+        "{o}"
+    );
+    // Marked before the LV is removed.
+    assert_eq!(*t.host.marked.borrow(), ["/dev/vg/fast"]);
+    assert!(sb_of(&t, "/dev/vg/fast").failed());
+    assert!(t.lvm.log.borrow().contains(&"remove vg/fast".to_string()));
+    assert!(
+        o.contains("cache LV vg/fast removed, its superblock marked failed"),
+        "{o}"
+    );
+    assert!(!t
+        .log()
+        .iter()
+        .any(|l| l.contains("flush") || l.contains("cleaner")));
+
+    // --uncache needs a cache LV.
+    let t = T::new();
+    t.cached("c", 1);
+    fail_cache(&t, "c", 1, -5);
+    let e = t
+        .ctx()
+        .abandon("c", DetachCache::Uncache, true, false)
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::Usage);
+}
+
 #[test]
 fn activate_from_config() {
     let t = T::new();
