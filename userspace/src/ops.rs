@@ -539,6 +539,17 @@ impl<'a> Ctx<'a> {
             }
             SbState::Ok if policy != FormatPolicy::Force => match sbr.problem(cpath) {
                 Some(e) => Err(e.context(name)),
+                None if sbr.sb.as_ref().is_some_and(|sb| sb.failed()) => Err(Error::new(
+                    Kind::SbFailed,
+                    format!(
+                        "{name}: cache {}: its superblock is marked failed (the cache device failed, or the cache was abandoned): the module does not load it",
+                        s.cache
+                    ),
+                )
+                .hint(format!(
+                    "writes since the failure went to the origin, which may hold newer data than its dirty blocks; {} formats the cache afresh, giving them up ('tiercache writeback --force --cache {cpath} --origin ORIGIN' first, if you know they are newer)",
+                    Self::format_how(s, policy)
+                ))),
                 None => Ok(()),
             },
             _ => Ok(()),
@@ -554,8 +565,9 @@ impl<'a> Ctx<'a> {
     /// * valid but not matching: refused (dirty data: exit 5; none: exit 4,
     ///   `--format` reformats);
     /// * `Force`: refused while committed dirty entries exist (the kernel
-    ///   refuses too); a corrupt superblock is formatted over, with a
-    ///   warning.
+    ///   refuses too), unless the superblock is marked failed (they were
+    ///   given up: the kernel formats it); a corrupt superblock is
+    ///   formatted over, with a warning.
     fn decide_format(
         &self,
         s: &Setup,
@@ -621,10 +633,14 @@ impl<'a> Ctx<'a> {
         } else {
             None
         };
-        let dirty = survey
+        let counted = survey
             .as_ref()
             .map(|v| v.dirty_for_format(sb.commit_seq))
             .unwrap_or(0);
+        // The dirty blocks of a cache marked failed were given up when it
+        // failed (the origin may hold newer data): they do not stop a
+        // format, as the kernel does not count them.
+        let dirty = if sb.failed() { 0 } else { counted };
         let corrupt = survey.as_ref().map(|v| v.counts.corrupt).unwrap_or(0);
         let writeback_hint = format!(
             "'tiercache writeback --cache {} --origin ORIGIN' writes them to their origin offline",
@@ -669,6 +685,18 @@ impl<'a> Ctx<'a> {
             .hint(format!(
                 "set {name} up without --format to keep it, then 'tiercache flush --wait {name}'; or {writeback_hint}. --force does not drop dirty data"
             )));
+        }
+        if sb.failed() {
+            errln!(
+                self,
+                "tiercache: warning: {name}: cache {} is marked failed; formatting it as asked (--format){}",
+                s.cache,
+                if counted > 0 {
+                    format!(": its {counted} dirty blocks are given up")
+                } else {
+                    String::new()
+                }
+            );
         }
         if corrupt > 0 {
             errln!(

@@ -1515,6 +1515,74 @@ fn bad_superblock_is_never_loaded() {
 }
 
 #[test]
+fn a_cache_marked_failed_is_formatted_only_with_format() {
+    let failed = |m: Meta| Meta {
+        flags: disk::SB_FAILED,
+        ..m
+    };
+    let t = T::new();
+    t.image("/dev/fast", &failed(Meta::new("c", FAST, SLOW).dirty(3)));
+    // Not loaded: the module refuses it too.
+    let e = create_line(&t, false).unwrap_err();
+    assert_eq!((e.kind, e.kind.exit_code()), (Kind::SbFailed, 15));
+    assert_eq!(
+        e.msg,
+        "c: cache /dev/fast: its superblock is marked failed (the cache device failed, or the cache was abandoned): the module does not load it"
+    );
+    let h = e.hint.unwrap();
+    assert!(
+        h.contains("--format formats the cache afresh")
+            && h.contains("'tiercache writeback --force --cache /dev/fast --origin ORIGIN'"),
+        "{h}"
+    );
+    assert!(t.log().is_empty());
+    // --format: its dirty blocks were given up; formatted, with a warning.
+    assert_eq!(
+        create_line(&t, true).unwrap(),
+        "load c 0 524288 tiercache 8:16 8:32 8 1 format"
+    );
+    assert!(
+        t.err.text().contains(
+            "warning: c: cache /dev/fast is marked failed; formatting it as asked (--format): its 3 dirty blocks are given up"
+        ),
+        "{}",
+        t.err.text()
+    );
+    // Of another set-up too (it was abandoned, and is reused).
+    t.image(
+        "/dev/fast",
+        &failed(Meta::new("old", FAST, 2 * SLOW).dirty(3)),
+    );
+    assert!(create_line(&t, true).unwrap().ends_with("8 1 format"));
+    let e = create_line(&t, false).unwrap_err();
+    assert_eq!(e.kind, Kind::SbFailed);
+    // Without the mark, the same dirty cache is still refused.
+    t.image("/dev/fast", &Meta::new("old", FAST, 2 * SLOW).dirty(3));
+    assert_eq!(create_line(&t, true).unwrap_err().kind, Kind::Dirty);
+
+    // At boot: refused before the origin LV is activated.
+    let t = T::new();
+    t.lvm.add(&t.host, "vg", "slow", SLOW, (253, 1), false);
+    t.lvm.add(&t.host, "vg", "fast", FAST, (253, 2), false);
+    t.host
+        .files
+        .borrow_mut()
+        .insert(CONF.into(), "a vg/slow vg/fast\n".into());
+    t.image("/dev/vg/fast", &failed(Meta::new("a", FAST, SLOW)));
+    let e = t.ctx().activate(true, &[], false).unwrap_err();
+    assert_eq!(e.kind, Kind::SbFailed);
+    assert_eq!(t.lvm.log.borrow().as_slice(), ["activate vg/fast"]);
+    assert!(
+        t.err
+            .text()
+            .contains("'tiercache activate --format a' formats"),
+        "{}",
+        t.err.text()
+    );
+    assert!(t.dm.devs.borrow().is_empty());
+}
+
+#[test]
 fn activate_loads_and_never_formats() {
     let conf = "a vg/slow vg/fast\n";
     let with = |m: Option<Meta>| {
