@@ -1320,6 +1320,11 @@ impl<'a> Ctx<'a> {
                     "; the dirty blocks read as the origin's older data"
                 }
             );
+            if s.dirty_blocks > 0 {
+                o += &format!(
+                    "              ('tiercache flush --wait {name}' first writes back those the cache device can still read)\n"
+                );
+            }
         }
         o += &format!("  origin:     {}\n", self.describe(&cd.table.origin));
         o += &format!(
@@ -1684,7 +1689,13 @@ impl<'a> Ctx<'a> {
             )));
         }
 
-        let sum = self.flush_wait(name, o)?;
+        let sum = self.flush_wait(name, o).map_err(|e| match cd.status.failed_errno() {
+            Some(err) if e.kind == Kind::FlushFailed => e.hint(format!(
+                "the cache device failed (error {err}, {}): dirty blocks it cannot read are lost; 'tiercache detach {name} --abandon' gives the cache up without a flush",
+                crate::error::errno_name(err)
+            )),
+            _ => e,
+        })?;
         self.print_flush_summary(name, &sum);
 
         // From here on writes go to the origin and nothing new turns dirty.

@@ -574,6 +574,10 @@ fn status_shows_a_failed_cache() {
         "  way out:    tiercache detach c --abandon (the origin without the cache; \
          the dirty blocks read as the origin's older data)"
     );
+    assert_eq!(
+        lines[3],
+        "              ('tiercache flush --wait c' first writes back those the cache device can still read)"
+    );
 
     let t = T::new();
     t.cached("c", 0);
@@ -588,6 +592,7 @@ fn status_shows_a_failed_cache() {
         o.contains("way out:    tiercache detach c --abandon (the origin without the cache)\n"),
         "{o}"
     );
+    assert!(!o.contains("flush --wait"), "{o}");
 
     let t = T::new();
     t.cached("c", 12);
@@ -853,6 +858,29 @@ fn detach_keeps_cache_on_flush_error() {
         Some(DevKind::Cached(_))
     ));
     assert!(t.lvm.get("vg", "slow").has_tag(TAG_ORIGIN));
+}
+
+#[test]
+fn detach_of_a_failed_cache_points_to_abandon() {
+    let t = T::new();
+    attach(&t);
+    fail_cache(&t, "slow", 50, -5);
+    t.dm.with("slow", |d| d.sim.as_mut().unwrap().fail_with = Some(-5));
+    let e = t
+        .ctx()
+        .detach("slow", DetachCache::Split, quiet())
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::FlushFailed);
+    let h = e.hint.unwrap();
+    assert!(
+        h.contains("the cache device failed (error -5, EIO")
+            && h.contains("'tiercache detach slow --abandon'"),
+        "{h}"
+    );
+    assert!(matches!(
+        t.ctx().classify("slow").unwrap(),
+        Some(DevKind::Cached(_))
+    ));
 }
 
 /// A failed cache device: the module reports `errno` in status field 23.
