@@ -4,7 +4,7 @@
  * device image, one line per item, for test_tcdisk.py to compare with the
  * Python copy of the decoder (tests/vm/tcdisk.py):
  *
- *   sb STATE VERSION GEN COMMIT_SEQ NR_SLOTS NR_BLOCKS
+ *   sb STATE VERSION GEN COMMIT_SEQ NR_SLOTS NR_BLOCKS FLAGS
  *   SLOT STATE BLOCK SEQ DIRTY      (BLOCK SEQ DIRTY "-" where not decoded)
  *
  * STATE is the tcdisk.py name of the tc_sb_result / tc_de_result.  The
@@ -114,10 +114,10 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	nr_blocks = i.origin_sectors / i.layout.block_sectors;
-	printf("sb %s %u %u %llu %llu %llu\n", sb_name(res), i.version, i.gen,
-	       (unsigned long long)i.commit_seq,
+	printf("sb %s %u %u %llu %llu %llu %u\n", sb_name(res), i.version,
+	       i.gen, (unsigned long long)i.commit_seq,
 	       (unsigned long long)i.layout.nr_slots,
-	       (unsigned long long)nr_blocks);
+	       (unsigned long long)nr_blocks, i.flags);
 	for (s = 0; s < i.layout.nr_slots; s++) {
 		size_t off = meta_off + s * sizeof(struct tc_disk_entry);
 		struct tc_disk_entry d;

@@ -14,9 +14,10 @@
  * input.  Besides memory and UB errors (ASan, UBSan), the properties the
  * module and the tool rely on are checked, and a violation aborts:
  *
- * - a superblock that decodes has a consistent layout, and encoding what
- *   was decoded gives a superblock that decodes to the same values, as
- *   the current version (a version 1 superblock has generation 0);
+ * - a superblock that decodes has a consistent layout and no flag but the
+ *   defined ones, and encoding what was decoded gives a superblock that
+ *   decodes to the same values, as the current version (a version 1
+ *   superblock has generation 0);
  * - an entry that decodes as clean, dirty or uncommitted is exactly what
  *   tc_de_encode writes for its fields (nothing else is accepted), and the
  *   result agrees with the fields (dirty flag, block below the origin,
@@ -100,10 +101,12 @@ static void fuzz_sb(const struct tc_disk_sb *sb, struct tc_sb_info *out,
 	FUZZ_ASSERT(i.version == TC_DISK_VERSION ||
 		    i.version == TC_DISK_VERSION_V1);
 	FUZZ_ASSERT(i.version != TC_DISK_VERSION_V1 || i.gen == 0);
+	FUZZ_ASSERT(!(i.flags & ~TC_SB_KNOWN_FLAGS));
 
 	tc_sb_encode(&again, &i);
 	FUZZ_ASSERT(tc_sb_decode(&again, &j) == TC_SB_OK);
 	FUZZ_ASSERT(j.version == TC_DISK_VERSION && j.gen == i.gen);
+	FUZZ_ASSERT(j.flags == i.flags);
 	FUZZ_ASSERT(j.commit_seq == i.commit_seq);
 	FUZZ_ASSERT(j.origin_sectors == i.origin_sectors);
 	FUZZ_ASSERT(!memcmp(&j.layout, &i.layout, sizeof(i.layout)));

@@ -9,7 +9,8 @@
  * image (generation 0), entries of the previous generation among the
  * current ones, an entry area full of garbage around valid entries,
  * entries damaged in their generation or slot word (no checksum fixed),
- * and a metadata block written in another block's place.
+ * a metadata block written in another block's place, a superblock marked
+ * failed and one with a flag bit the decoder does not know.
  *
  *   mkseeds DIR
  */
@@ -36,6 +37,8 @@ enum spoil {
 	SPOIL_GARBAGE,		/* random bytes in the free entries */
 	SPOIL_IDS,		/* a bit of gen, of slot, of both flipped */
 	SPOIL_MISDIRECT,	/* metadata block 1 written over block 0 */
+	SPOIL_FAILED,		/* marked failed (valid: TC_SB_FAILED) */
+	SPOIL_SB_FLAG,		/* a flag bit not defined */
 };
 
 /* Random bytes in every all-zero entry (xorshift64, fixed seed). */
@@ -81,6 +84,7 @@ static int write_seed(const char *dir, const char *name, u64 cache_sectors,
 	i.commit_seq = commit_seq;
 	i.origin_sectors = origin_sectors;
 	i.gen = spoil == SPOIL_V1 ? 0 : gen;
+	i.flags = spoil == SPOIL_FAILED ? TC_SB_FAILED : 0;
 	snprintf(i.uuid, sizeof(i.uuid), "%s", uuid);
 	len = (i.layout.meta_start + i.layout.meta_blocks * TC_MBLOCK_SECTORS) *
 	      512;
@@ -138,6 +142,12 @@ static int write_seed(const char *dir, const char *name, u64 cache_sectors,
 			break;
 		memcpy(de, de + TC_ENTRIES_PER_MBLOCK, TC_MBLOCK_BYTES);
 		break;
+	case SPOIL_FAILED:
+		break;
+	case SPOIL_SB_FLAG:
+		sb->flags = cpu_to_le32(TC_SB_KNOWN_FLAGS + 1);
+		sb_resum(sb);
+		break;
 	}
 	snprintf(path, sizeof(path), "%s/%s", dir, name);
 	f = fopen(path, "wb");
@@ -194,5 +204,9 @@ int main(int argc, char **argv)
 			"TIERCACHE-t", mixed, N(mixed), SPOIL_IDS);
 	r |= write_seed(dir, "misdirected", 2200, 8, 1 << 20, 3, 0x600d, "",
 			two_blocks, N(two_blocks), SPOIL_MISDIRECT);
+	r |= write_seed(dir, "failed", 1024, 8, 16384, 7, 0x8badf00d,
+			"TIERCACHE-t", mixed, N(mixed), SPOIL_FAILED);
+	r |= write_seed(dir, "unknown-flag", 1024, 8, 16384, 7, 0x8badf00d,
+			"TIERCACHE-t", mixed, N(mixed), SPOIL_SB_FLAG);
 	return r ? 1 : 0;
 }

@@ -145,6 +145,21 @@ static void test_sb(void)
 	sb_resum(&sb);
 	CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_FIELDS);
 
+	/* flags: the defined one round-trips, any other bit is refused */
+	tc_sb_encode(&sb, &in);
+	CHECK(tc_sb_decode(&sb, &out) == TC_SB_OK && out.flags == 0);
+	in.flags = TC_SB_FAILED;
+	tc_sb_encode(&sb, &in);
+	CHECK(le32_to_cpu(sb.flags) == TC_SB_FAILED);
+	CHECK(tc_sb_decode(&sb, &out) == TC_SB_OK && out.flags == TC_SB_FAILED);
+	for (k = 1; k < 32; k++) {
+		tc_sb_encode(&sb, &in);
+		sb.flags |= cpu_to_le32(1u << k);
+		sb_resum(&sb);
+		CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_FIELDS);
+	}
+	in.flags = 0;
+
 	/* generation 0 is valid in version 2 (an upgraded version 1 cache) */
 	in.gen = 0;
 	tc_sb_encode(&sb, &in);

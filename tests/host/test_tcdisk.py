@@ -6,15 +6,17 @@ that the VM and crash tests use: run by `make -C tests/host check`.
 1. Against the module's C code: the fuzz seeds (images written by the C
    encoder, tests/host/mkseeds.c: valid ones, version 1, previous
    generation entries, a garbage entry area, spoiled fields, damaged
-   gen and slot words, a misdirected metadata block) and seeded
-   mutations of them are decoded by both decode_img (tc_disk.c) and
-   tcdisk; every superblock and entry result must agree.  tcdisk's
-   encoder must write the C encoder's bytes.
+   gen and slot words, a misdirected metadata block, a superblock marked
+   failed, one with an unknown flag bit) and seeded mutations of them are
+   decoded by both decode_img (tc_disk.c) and tcdisk; every superblock
+   (flags included) and entry result must agree.  tcdisk's encoder must
+   write the C encoder's bytes.
 2. Synthetic images: version 1 reads as generation 0, a garbage entry
    area reads as empty (foreign), an entry of the previous generation
    reads as empty, a corrupt entry of this generation does not (its gen
    or slot word damaged included), nor one of this generation in another
-   slot's place (misplaced: a misdirected write).
+   slot's place (misplaced: a misdirected write); a superblock marked
+   failed decodes, one with another flag bit does not.
 
     test_tcdisk.py BUILD_DIR     (holds mkseeds and decode_img)
 """
@@ -42,7 +44,8 @@ def py_lines(img):
     sb = tcdisk.decode_sb(img[:512])
     if not sb.ok:
         return [f"sb {sb.state}"]
-    out = [f"sb {sb.state} {sb.version} {sb.gen} {sb.commit_seq} {sb.nr_slots} {sb.nr_blocks}"]
+    out = [f"sb {sb.state} {sb.version} {sb.gen} {sb.commit_seq} {sb.nr_slots} {sb.nr_blocks} "
+           f"{sb.flags}"]
     base = tcdisk.META_START * 512
     have = max(0, (len(img) - base) // tcdisk.ENTRY_BYTES)
     for s, e in tcdisk.entries(img[base:], sb):
@@ -109,7 +112,7 @@ def test_against_c(build):
         subprocess.run([str(build / "mkseeds"), str(seeds)], check=True)
         names = sorted(p.name for p in seeds.iterdir())
         check({"v1", "old-gen", "garbage", "mixed", "bad-entries", "damaged-ids",
-               "misdirected"} <= set(names), names)
+               "misdirected", "failed", "unknown-flag"} <= set(names), names)
         rng = random.Random(20240611)
         states = set()
         for name in names:
@@ -133,6 +136,21 @@ def test_against_c(build):
         off = tcdisk.entry_offset(7)
         check(tcdisk.encode_entry(7, 10, True, 7, sb.gen) == img[off:off + 32],
               "encode_entry differs from tc_de_encode")
+        # the superblock flags: TC_SB_FAILED decodes, an unknown bit does not,
+        # in both decoders (compared above); the mark is encoded alike
+        failed = (seeds / "failed").read_bytes()
+        c = compare(build, tmp, "failed", failed)
+        check(c[0].startswith("sb valid ") and c[0].endswith(f" {tcdisk.SB_FAILED}"),
+              f"failed seed: C says {c[0]!r}")
+        check(c[1:] == compare(build, tmp, "mixed", img)[1:], "failed seed: entries differ")
+        fsb = tcdisk.decode_sb(failed)
+        check(fsb.ok and fsb.failed and not sb.failed, f"failed seed: {fsb}")
+        check(tcdisk.encode_sb(sb.nr_slots, sb.block_sectors, sb.commit_seq,
+                               sb.origin_sectors, sb.gen, b"TIERCACHE-t",
+                               flags=tcdisk.SB_FAILED) == failed[:512],
+              "encode_sb with TC_SB_FAILED differs from tc_sb_encode")
+        c = compare(build, tmp, "unknown-flag", (seeds / "unknown-flag").read_bytes())
+        check(c == ["sb bad_fields"], f"unknown flag: C says {c}")
         v1 = (seeds / "v1").read_bytes()
         sb1 = tcdisk.decode_sb(v1)
         check(tcdisk.encode_sb(sb1.nr_slots, 8, 7, 16384, 0, b"TIERCACHE-t",
@@ -179,6 +197,15 @@ def test_synthetic():
         check(tcdisk.decode_sb(tcdisk.encode_sb(300, 8, 9, 1 << 20, g, version=v)).state
               == tcdisk.SB_BAD_VERSION, f"version {v}")
     check(tcdisk.decode_sb(bytes(512)).state == tcdisk.SB_BLANK, "blank")
+    # flags: TC_SB_FAILED, in version 2 and in version 1; nothing else
+    for v, gen in ((tcdisk.VERSION, g), (tcdisk.VERSION_V1, 0)):
+        sb = tcdisk.decode_sb(tcdisk.encode_sb(300, 8, 9, 1 << 20, gen, version=v,
+                                               flags=tcdisk.SB_FAILED))
+        check(sb.ok and sb.failed and sb.flags == tcdisk.SB_FAILED, f"failed, v{v}: {sb}")
+    check(not tcdisk.decode_sb(tcdisk.encode_sb(300, 8, 9, 1 << 20, g)).failed, "not failed")
+    for f in (2, 3, 1 << 31):
+        check(tcdisk.decode_sb(tcdisk.encode_sb(300, 8, 9, 1 << 20, g, flags=f)).state
+              == tcdisk.SB_BAD_FIELDS, f"flags {f:#x}")
 
     # a garbage entry area (a fresh format over a used device): all foreign
     rng = random.Random(11)

@@ -8,6 +8,10 @@ Pure functions over bytes: callers read the device.  tests/host/
 test_tcdisk.py checks it against the C decoder on images the C encoder
 wrote, and on synthetic ones.
 
+The superblock's flags: TC_SB_FAILED (the module saw the cache device
+fail, or an administrator abandoned the cache) is the only one defined; a
+superblock with any other bit set does not decode (impossible fields).
+
 Format version 2: the superblock and every entry carry a format
 generation.  An entry is *ours* only if its gen is the superblock's and
 its slot field its own index; an all-zero entry is EMPTY and any other
@@ -38,6 +42,8 @@ SB = struct.Struct("<8sIIQIIQQQQ128sI316s")
 ENTRY = struct.Struct("<QQIIII")        # block, seq, slot, flags, csum, gen
 SB_CSUM_OFF, ENTRY_CSUM_OFF = 12, 24
 DE_VALID, DE_DIRTY = 1, 2
+SB_FAILED = 1               # superblock flags (TC_SB_*)
+SB_KNOWN_FLAGS = SB_FAILED
 ZERO_ENTRY = bytes(ENTRY_BYTES)
 
 # tc_sb_result
@@ -106,6 +112,11 @@ class Superblock(namedtuple("Superblock", "state version commit_seq block_sector
         return self.state == SB_OK
 
     @property
+    def failed(self):
+        """Marked failed: the module does not load this cache again."""
+        return bool(self.flags & SB_FAILED)
+
+    @property
     def nr_blocks(self):
         """Whole origin blocks: an entry must name a block below this."""
         return self.origin_sectors // self.block_sectors if self.block_sectors else 0
@@ -118,7 +129,7 @@ class Superblock(namedtuple("Superblock", "state version commit_seq block_sector
 
 def _sb_fields_ok(sb, reserved):
     bs = sb.block_sectors
-    return (not sb.flags and 8 <= bs <= 2048 and not bs & (bs - 1)
+    return (not sb.flags & ~SB_KNOWN_FLAGS and 8 <= bs <= 2048 and not bs & (bs - 1)
             and 1 <= sb.nr_slots <= MAX_SLOTS and sb.meta_start == META_START
             and sb.origin_sectors and sb.data_start == data_start(sb.nr_slots, bs)
             and not any(reserved)
@@ -211,10 +222,10 @@ def encode_entry(slot, block, dirty, seq, gen):
 
 
 def encode_sb(nr_slots, block_sectors, commit_seq, origin_sectors, gen, uuid=b"",
-              version=VERSION):
+              version=VERSION, flags=0):
     """A superblock as tc_sb_encode writes it (@version 1: as the version 1
     code wrote it; @gen must then be 0)."""
-    raw = SB.pack(MAGIC, version, 0, commit_seq, block_sectors, 0, nr_slots, META_START,
+    raw = SB.pack(MAGIC, version, 0, commit_seq, block_sectors, flags, nr_slots, META_START,
                   data_start(nr_slots, block_sectors), origin_sectors,
                   uuid.ljust(128, b"\0"), gen, bytes(316))
     return raw[:SB_CSUM_OFF] + struct.pack("<I", crc32c(raw)) + raw[SB_CSUM_OFF + 4:]

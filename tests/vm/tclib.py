@@ -547,7 +547,10 @@ STATUS_FIELDS = ["mode", "block_size", "used_total", "dirty", "read_hits",
                  "read_misses", "write_hits", "write_misses", "write_bypass",
                  "flush_state", "wb_blocks", "wb_requests", "wb_sectors",
                  "avg_write_kb", "merge_ratio", "bridged_blocks", "inflight_max",
-                 "error", "flushes", "cleaner", "meta_commits", "meta_error"]
+                 "error", "flushes", "cleaner", "meta_commits", "meta_error",
+                 "cache_failed"]
+# Appended fields a module may not print yet (None when absent)
+STATUS_OPTIONAL = ("cache_failed",)
 MODES = ("writeback", "writethrough", "passthrough")
 FLUSH_STATES = ("idle", "flushing", "background", "cleaning")
 
@@ -560,17 +563,19 @@ def parse_status(line):
     """Map a tiercache status line (docs/tiercache.rst, Status) to a dict.
 
     Accepts the line with or without the leading '<start> <len> tiercache'.
-    Validates every documented field's syntax; extra (appended) fields are
-    kept in 'extra'.
+    Validates every documented field's syntax; the fields of
+    STATUS_OPTIONAL are None when the module does not print them; extra
+    (appended) fields are kept in 'extra'.
     """
     words = line.split()
     d = {}
     if len(words) >= 3 and words[2] == TARGET:
         d["start"], d["len"] = int(words[0]), int(words[1])
         words = words[3:]
-    if len(words) < len(STATUS_FIELDS):
+    required = len(STATUS_FIELDS) - len(STATUS_OPTIONAL)
+    if len(words) < required:
         raise StatusError(f"status has {len(words)} fields, expected >= "
-                          f"{len(STATUS_FIELDS)}: {line!r}")
+                          f"{required}: {line!r}")
     raw = dict(zip(STATUS_FIELDS, words))
 
     def num(k, pat=r"-?\d+"):
@@ -602,6 +607,7 @@ def parse_status(line):
     d["cleaner"] = num("cleaner", r"[01]")
     d["meta_commits"] = num("meta_commits", r"\d+")
     d["meta_error"] = num("meta_error", r"0|-\d+")
+    d["cache_failed"] = num("cache_failed", r"0|-\d+") if "cache_failed" in raw else None
     d["extra"] = words[len(STATUS_FIELDS):]
     d["raw"] = line
     return d

@@ -15,7 +15,7 @@ from tclib import KiB, MiB
 
 
 DOC_EXAMPLE = ("0 65536 tiercache writeback 8 8192/131072 0 0 0 0 8192 0 idle 8192 "
-               "32 65536 1024 256.00 0 32 0 1 0 5 0")
+               "32 65536 1024 256.00 0 32 0 1 0 5 0 0")
 
 
 def test_status_parser_doc_example():
@@ -27,18 +27,28 @@ def test_status_parser_doc_example():
     assert (st["wb_blocks"], st["wb_requests"], st["wb_sectors"]) == (8192, 32, 65536)
     assert st["avg_write_kb"] == 1024 and st["merge_ratio"] == 256.0
     assert (st["inflight_max"], st["error"], st["flushes"], st["cleaner"]) == (32, 0, 1, 0)
-    assert (st["meta_commits"], st["meta_error"]) == (5, 0)
+    assert (st["meta_commits"], st["meta_error"], st["cache_failed"]) == (5, 0, 0)
     assert st["extra"] == []
 
 
+def test_status_parser_cache_failed():
+    """Field 23: the failed state; None from a module that prints 22."""
+    assert tclib.parse_status(DOC_EXAMPLE[:-2] + " -5")["cache_failed"] == -5
+    st = tclib.parse_status(DOC_EXAMPLE.rsplit(" ", 1)[0])
+    assert st["cache_failed"] is None and st["meta_error"] == 0
+    st = tclib.parse_status(DOC_EXAMPLE + " 7 x")
+    assert st["cache_failed"] == 0 and st["extra"] == ["7", "x"]
+
+
 @pytest.mark.parametrize("line", [
-    DOC_EXAMPLE.rsplit(" ", 1)[0],                       # one field short
+    DOC_EXAMPLE.rsplit(" ", 2)[0],                       # a required field short
     DOC_EXAMPLE.replace("writeback", "writebehind"),     # bad mode
     DOC_EXAMPLE.replace("256.00", "256"),                # merge ratio decimals
     DOC_EXAMPLE.replace(" idle ", " busy "),             # bad flush state
     DOC_EXAMPLE.replace("8192/131072", "8192"),          # used/total
-    DOC_EXAMPLE[:-2] + " 5",                             # meta_error not an errno
-], ids=["short", "mode", "ratio", "state", "used", "meta_error"])
+    DOC_EXAMPLE[:-4] + " 5 0",                           # meta_error not an errno
+    DOC_EXAMPLE[:-2] + " 5",                             # cache_failed not an errno
+], ids=["short", "mode", "ratio", "state", "used", "meta_error", "cache_failed"])
 def test_status_parser_rejects(line):
     with pytest.raises(tclib.StatusError):
         tclib.parse_status(line)

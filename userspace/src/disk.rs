@@ -39,6 +39,8 @@ pub const SB_SECTORS: u64 = ffi::TC_SB_SECTORS as u64;
 /// The format version the module writes (the tool also reads version 1,
 /// as format generation 0).
 pub const VERSION: u32 = ffi::TC_DISK_VERSION;
+/// Superblock flag: the cache device failed (tc_disk.h, TC_SB_FAILED).
+pub const SB_FAILED: u32 = ffi::TC_SB_FAILED;
 
 /// Entries in one metadata block (TC_ENTRIES_PER_MBLOCK, from C).
 pub fn entries_per_mblock() -> u64 {
@@ -178,9 +180,18 @@ pub struct Superblock {
     /// The format generation: only entries of this generation (naming
     /// their own slot) are this cache's; version 1 reads as 0.
     pub generation: u32,
+    /// `SB_FAILED` or 0 (the decoder refuses other bits).
+    pub flags: u32,
 }
 
 impl Superblock {
+    /// Marked failed: the module saw its metadata commits fail, or an
+    /// administrator abandoned the cache (`detach --abandon`).  The module
+    /// does not load it again; the origin may hold newer data than its
+    /// dirty blocks.
+    pub fn failed(&self) -> bool {
+        self.flags & SB_FAILED != 0
+    }
     /// Whole origin blocks: entries must name a block below this.
     pub fn origin_blocks(&self) -> u64 {
         self.origin_sectors / self.layout.block_sectors as u64
@@ -223,15 +234,86 @@ pub fn decode_sb(raw: &[u8]) -> (SbState, Option<Superblock>) {
             uuid: String::from_utf8_lossy(&uuid).into_owned(),
             version: i.version,
             generation: i.gen_,
+            flags: i.flags,
         }),
     )
+}
+
+fn sb_bytes(sb: &ffi::tc_disk_sb) -> [u8; SB_BYTES] {
+    let mut out = [0u8; SB_BYTES];
+    // SAFETY: sb is SB_BYTES bytes of plain data.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (sb as *const ffi::tc_disk_sb).cast::<u8>(),
+            out.as_mut_ptr(),
+            SB_BYTES,
+        )
+    };
+    out
+}
+
+/// The superblock area `area` (the first `SB_SECTORS` of a cache device)
+/// with its superblock marked failed (`TC_SB_FAILED`): decoded with
+/// `tc_sb_decode`, the flag added, encoded again with `tc_sb_encode`,
+/// which recomputes the checksum.  The rest of the area is kept.
+/// `tc_sb_encode` writes the current version: a version 1 superblock
+/// becomes one of version 2 and generation 0, as the module's first
+/// commit makes it.  `None`: marked already, nothing to write.  Refused
+/// if the superblock does not decode (`dev` names the device).
+pub fn sb_marked_failed(area: &[u8], dev: &str) -> Result<Option<Vec<u8>>> {
+    let mut sb = sb_from_bytes(area);
+    let mut i = ffi::tc_sb_info::default();
+    // SAFETY: both pointers are to live, properly aligned structs.
+    let st = SbState::from_c(unsafe { ffi::tc_sb_decode(&sb, &mut i) });
+    if st != SbState::Ok {
+        let kind = if st == SbState::Blank {
+            Kind::NoSuperblock
+        } else {
+            Kind::BadSuperblock
+        };
+        return Err(Error::new(kind, format!("{dev}: {}", st.describe())));
+    }
+    if i.flags & SB_FAILED != 0 {
+        return Ok(None);
+    }
+    i.flags |= SB_FAILED;
+    // SAFETY: both pointers are to live, properly aligned structs.
+    unsafe { ffi::tc_sb_encode(&mut sb, &i) };
+    let mut out = area.to_vec();
+    out[..SB_BYTES].copy_from_slice(&sb_bytes(&sb));
+    Ok(Some(out))
+}
+
+/// Mark the superblock of `dev` failed (`sb_marked_failed`): read its
+/// superblock area, write it back marked, sync, and read it back to
+/// check.  Returns false if it was marked already (nothing written).
+pub fn mark_failed(dev: &Dev) -> Result<bool> {
+    let n = (SB_SECTORS * 512) as usize;
+    let area = dev.read_at(0, n)?;
+    let Some(new) = sb_marked_failed(&area, dev.path())? else {
+        return Ok(false);
+    };
+    dev.write_at(0, &new)?;
+    dev.sync()?;
+    let (st, sb) = decode_sb(&dev.read_at(0, SB_BYTES)?);
+    if st != SbState::Ok || !sb.is_some_and(|sb| sb.failed()) {
+        return Err(Error::new(
+            Kind::Unreadable,
+            format!(
+                "{}: the superblock does not read back marked failed ({})",
+                dev.path(),
+                st.describe()
+            ),
+        ));
+    }
+    Ok(true)
 }
 
 /// Encode a superblock (`tc_sb_encode`, which writes the current
 /// version).  The uuid is cut at 128 bytes.  `version` 1 gives what the
 /// version 1 code wrote: the version field and checksum are redone (the
-/// generation must be 0).  The tool never writes a superblock (the module
-/// formats): for tests.
+/// generation must be 0).  The tool writes no superblock but to mark one
+/// failed (`sb_marked_failed`, through the C code): for tests.
 #[cfg(test)]
 pub fn encode_sb(s: &Superblock) -> [u8; SB_BYTES] {
     let mut i = ffi::tc_sb_info {
@@ -240,6 +322,7 @@ pub fn encode_sb(s: &Superblock) -> [u8; SB_BYTES] {
         origin_sectors: s.origin_sectors,
         version: s.version,
         gen_: s.generation,
+        flags: s.flags,
         uuid: [0; ffi::TC_UUID_BYTES as usize + 1],
     };
     for (d, c) in i
@@ -252,15 +335,7 @@ pub fn encode_sb(s: &Superblock) -> [u8; SB_BYTES] {
     let mut sb = ffi::tc_disk_sb::default();
     // SAFETY: both pointers are to live, properly aligned structs.
     unsafe { ffi::tc_sb_encode(&mut sb, &i) };
-    let mut out = [0u8; SB_BYTES];
-    // SAFETY: sb is SB_BYTES bytes of plain data.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            (&sb as *const ffi::tc_disk_sb).cast::<u8>(),
-            out.as_mut_ptr(),
-            SB_BYTES,
-        )
-    };
+    let mut out = sb_bytes(&sb);
     if s.version != VERSION {
         let v = std::mem::offset_of!(ffi::tc_disk_sb, version);
         let c = std::mem::offset_of!(ffi::tc_disk_sb, csum);
@@ -1048,6 +1123,7 @@ mod tests {
             uuid: "TIERCACHE-t".into(),
             version: VERSION,
             generation: G,
+            flags: 0,
         }
     }
 
@@ -1067,6 +1143,98 @@ mod tests {
         assert_eq!(decode_sb(&[0u8; 512]).0, SbState::Blank);
         assert_eq!(decode_sb(&[]).0, SbState::Blank);
         assert!(SbState::BadCsum.describe().contains("checksum"));
+    }
+
+    #[test]
+    fn superblock_flags() {
+        let failed = Superblock {
+            flags: SB_FAILED,
+            ..sample()
+        };
+        let raw = encode_sb(&failed);
+        let f = std::mem::offset_of!(ffi::tc_disk_sb, flags);
+        assert_eq!(f, 28);
+        assert_eq!(&raw[f..f + 4], &1u32.to_le_bytes());
+        let (st, got) = decode_sb(&raw);
+        assert_eq!(st, SbState::Ok);
+        let got = got.unwrap();
+        assert!(got.failed());
+        assert_eq!(got, failed);
+        assert!(!sample().failed());
+        // A bit the decoder does not know, alone or beside FAILED: refused.
+        for flags in [2u32, 3, 0x8000_0000] {
+            let raw = encode_sb(&Superblock { flags, ..sample() });
+            assert_eq!(decode_sb(&raw).0, SbState::BadFields, "flags {flags:#x}");
+        }
+    }
+
+    #[test]
+    fn marking_a_superblock_failed() {
+        let mut area = vec![0u8; (SB_SECTORS * 512) as usize];
+        area[..SB_BYTES].copy_from_slice(&encode_sb(&sample()));
+        area[SB_BYTES + 7] = 0x5a; // beyond the superblock: kept
+        let new = sb_marked_failed(&area, "dev").unwrap().unwrap();
+        assert_eq!(new.len(), area.len());
+        assert_eq!(new[SB_BYTES..], area[SB_BYTES..]);
+        let (st, got) = decode_sb(&new);
+        assert_eq!(st, SbState::Ok);
+        assert_eq!(
+            got.unwrap(),
+            Superblock {
+                flags: SB_FAILED,
+                ..sample()
+            }
+        );
+        // Byte for byte what the C encoder writes for the marked superblock.
+        assert_eq!(
+            new[..SB_BYTES],
+            encode_sb(&Superblock {
+                flags: SB_FAILED,
+                ..sample()
+            })
+        );
+        assert_eq!(sb_marked_failed(&new, "dev").unwrap(), None);
+
+        // Version 1: written as version 2, generation 0.
+        let v1 = Superblock {
+            version: 1,
+            generation: 0,
+            ..sample()
+        };
+        let new = sb_marked_failed(&encode_sb(&v1), "dev").unwrap().unwrap();
+        let got = decode_sb(&new).1.unwrap();
+        assert_eq!((got.version, got.generation, got.flags), (2, 0, SB_FAILED));
+        assert_eq!((got.layout, got.commit_seq), (v1.layout, v1.commit_seq));
+
+        // Nothing to mark: refused.
+        let e = sb_marked_failed(&[0u8; 4096], "dev").unwrap_err();
+        assert_eq!(e.kind, Kind::NoSuperblock);
+        let mut bad = area.clone();
+        bad[100] ^= 1;
+        let e = sb_marked_failed(&bad, "dev").unwrap_err();
+        assert_eq!(e.kind, Kind::BadSuperblock);
+        assert_eq!(e.msg, "dev: superblock checksum mismatch (torn or corrupt)");
+    }
+
+    #[test]
+    fn mark_failed_on_an_image_file() {
+        let sb = sample();
+        let img = build_image(&sb, 4096, &[(3, 77, true, 5)], |_| 0xab);
+        let path = std::env::temp_dir().join(format!("tiercache-mark-{}.img", std::process::id()));
+        std::fs::write(&path, &img).unwrap();
+        let p = path.to_string_lossy().into_owned();
+        let dev = Dev::open(&p, Access::WriteExclusive).unwrap();
+        assert!(mark_failed(&dev).unwrap());
+        assert!(!mark_failed(&dev).unwrap(), "marked already");
+        drop(dev);
+        let after = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert!(decode_sb(&after).1.unwrap().failed());
+        assert_eq!(after.len(), img.len());
+        assert!(
+            after[SB_BYTES..] == img[SB_BYTES..],
+            "only the superblock changed"
+        );
     }
 
     #[test]

@@ -40,6 +40,10 @@ pub enum Kind {
     BadEntries = 13,
     /// Several committed dirty entries name the same origin block.
     DuplicateDirty = 14,
+    /// The superblock is marked failed (TC_SB_FAILED): the module saw the
+    /// cache device's metadata commits fail, or an administrator abandoned
+    /// the cache.  The module does not load it again.
+    SbFailed = 15,
 }
 
 impl Kind {
@@ -166,6 +170,7 @@ mod tests {
         assert_eq!(Kind::BadSuperblock.exit_code(), 12);
         assert_eq!(Kind::BadEntries.exit_code(), 13);
         assert_eq!(Kind::DuplicateDirty.exit_code(), 14);
+        assert_eq!(Kind::SbFailed.exit_code(), 15);
     }
 
     #[test]

@@ -37,6 +37,10 @@ pub struct Sim {
     pub incoming: u64,
     /// Field 22: the latched metadata commit error.
     pub meta_error: i32,
+    /// Field 23: the cache device error that latched the failed state.
+    pub cache_failed: i32,
+    /// Print only the first this many status fields (an older module).
+    pub nr_fields: Option<usize>,
     pub msgs: Vec<String>,
 }
 
@@ -59,6 +63,8 @@ impl Sim {
             fail_with: None,
             incoming: 0,
             meta_error: 0,
+            cache_failed: 0,
+            nr_fields: None,
             msgs: vec![],
         }
     }
@@ -72,8 +78,8 @@ impl Sim {
         } else {
             0.0
         };
-        format!(
-            "{} {} {}/{} {} 0 0 0 0 0 {} {} {} {} {} {:.2} 0 4 {} {} {} {} {}",
+        let line = format!(
+            "{} {} {}/{} {} 0 0 0 0 0 {} {} {} {} {} {:.2} 0 4 {} {} {} {} {} {}",
             self.mode,
             self.block_size,
             self.used,
@@ -89,8 +95,13 @@ impl Sim {
             self.flushes,
             if self.cleaner { 1 } else { 0 },
             self.flushes + 2,
-            self.meta_error
-        )
+            self.meta_error,
+            self.cache_failed
+        );
+        match self.nr_fields {
+            Some(n) => line.split(' ').take(n).collect::<Vec<_>>().join(" "),
+            None => line,
+        }
     }
 
     /// One step of simulated time; returns true if an event is raised.
@@ -387,6 +398,13 @@ pub struct FakeHost {
     pub images: RefCell<BTreeMap<String, Vec<u8>>>,
     /// Devices whose superblock was cleared.
     pub cleared: RefCell<Vec<String>>,
+    /// Devices whose superblock was marked failed.
+    pub marked: RefCell<Vec<String>>,
+    /// Writes to the superblock fail (a cache device that failed).
+    pub sb_write_error: Cell<bool>,
+    pub stdin_tty: Cell<bool>,
+    /// What stdin holds, line by line.
+    pub stdin: RefCell<std::collections::VecDeque<String>>,
 }
 
 /// A device image: `data`, then zeros up to `size`.
@@ -497,6 +515,44 @@ impl Host for FakeHost {
             img[..n].fill(0);
         }
         Ok(())
+    }
+    fn mark_superblock_failed(&self, bd: &BlockDev) -> Result<bool> {
+        let mut images = self.images.borrow_mut();
+        let Some(img) = images.get_mut(&bd.path) else {
+            return Err(Error::new(
+                Kind::Unreadable,
+                format!("{}: cannot open: No such file or directory", bd.path),
+            ));
+        };
+        let n = (crate::disk::SB_SECTORS * 512) as usize;
+        if img.len() < n {
+            img.resize(n, 0);
+        }
+        let Some(new) = crate::disk::sb_marked_failed(&img[..n], &bd.path)? else {
+            return Ok(false);
+        };
+        if self.sb_write_error.get() {
+            return Err(Error::new(
+                Kind::Unreadable,
+                format!("{}: write error at byte 0: Input/output error", bd.path),
+            ));
+        }
+        img[..n].copy_from_slice(&new);
+        self.marked.borrow_mut().push(bd.path.clone());
+        Ok(true)
+    }
+    fn node_of_devno(&self, devno: (u32, u32)) -> Option<String> {
+        self.devs
+            .borrow()
+            .values()
+            .find(|d| d.devno == devno)
+            .map(|d| d.path.clone())
+    }
+    fn stdin_is_tty(&self) -> bool {
+        self.stdin_tty.get()
+    }
+    fn read_line(&self) -> Result<Option<String>> {
+        Ok(self.stdin.borrow_mut().pop_front())
     }
     fn open_read(&self, bd: &BlockDev) -> Result<Box<dyn ReadAt>> {
         Ok(Box::new(SparseImage {

@@ -61,6 +61,16 @@ pub trait Host {
     /// Zero the superblock area of a cache device (exclusive open, synced):
     /// it reads as never formatted afterwards.
     fn clear_superblock(&self, bd: &BlockDev) -> Result<()>;
+    /// Mark the superblock of a cache device failed (`disk::mark_failed`:
+    /// exclusive open, O_DIRECT, synced), so that no module loads it
+    /// again.  Ok(false): it was marked already.
+    fn mark_superblock_failed(&self, bd: &BlockDev) -> Result<bool>;
+    /// A device node of the block device with this number.
+    fn node_of_devno(&self, devno: (u32, u32)) -> Option<String>;
+    /// Whether stdin is a terminal (someone to ask for a confirmation).
+    fn stdin_is_tty(&self) -> bool;
+    /// One line of stdin, without its line end; None at the end of input.
+    fn read_line(&self) -> Result<Option<String>>;
 }
 
 pub struct RealHost;
@@ -371,6 +381,41 @@ impl Host for RealHost {
         let d = Dev::open(&bd.path, Access::WriteExclusive)?;
         d.write_at(0, &vec![0u8; (crate::disk::SB_SECTORS * 512) as usize])?;
         d.sync()
+    }
+
+    fn mark_superblock_failed(&self, bd: &BlockDev) -> Result<bool> {
+        let d = Dev::open(&bd.path, Access::WriteExclusive)?;
+        crate::disk::mark_failed(&d)
+    }
+
+    fn node_of_devno(&self, devno: (u32, u32)) -> Option<String> {
+        let want = libc::makedev(devno.0, devno.1);
+        let is_it = |p: &str| {
+            fs::metadata(p).is_ok_and(|m| m.file_type().is_block_device() && m.rdev() == want)
+        };
+        let by_number = format!("/dev/block/{}:{}", devno.0, devno.1);
+        if is_it(&by_number) {
+            return Some(by_number);
+        }
+        // No udev links: the kernel's name for it.
+        let uevent = fs::read_to_string(format!("{}/uevent", sysfs_dev(devno))).ok()?;
+        let name = uevent.lines().find_map(|l| l.strip_prefix("DEVNAME="))?;
+        let node = format!("/dev/{name}");
+        is_it(&node).then_some(node)
+    }
+
+    fn stdin_is_tty(&self) -> bool {
+        // SAFETY: isatty on a constant fd.
+        unsafe { libc::isatty(0) == 1 }
+    }
+
+    fn read_line(&self) -> Result<Option<String>> {
+        let mut line = String::new();
+        match std::io::stdin().read_line(&mut line) {
+            Ok(0) => Ok(None),
+            Ok(_) => Ok(Some(line.trim_end_matches(['\n', '\r']).to_string())),
+            Err(e) => Err(failure(format!("cannot read stdin: {e}"))),
+        }
     }
 }
 

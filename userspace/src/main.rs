@@ -34,6 +34,7 @@ Exit status:
  12  the superblock is corrupt, of an unknown version, or larger than the device
  13  corrupt metadata entries
  14  duplicate dirty entries (one origin block dirty in several slots)
+ 15  the superblock is marked failed (the cache device failed, or was abandoned)
 
 Units: sizes take a suffix (s = 512-byte sectors, b, K, M, G); a bare number
 is KiB.  Keys ending in _kb are KiB, watermarks are percent of the cache.";
@@ -309,7 +310,22 @@ that boot-time autoactivation never exposes the origin without its cache;
 The cache is flushed, switched to cleaner mode, and the device's table is
 swapped for a linear mapping of the origin while it stays open.  Then the
 cache is released: its LV is kept (--split, the default) or removed
-(--uncache).  'tiercache remove NAME' drops the mapping once unused.")]
+(--uncache), the LVs lose their tiercache tags and the device its line in
+the configuration file (the origin LV activates on its own at boot; use it
+directly).  'tiercache remove NAME' drops the mapping once unused.
+
+--abandon is the way out of a failed cache device ('tiercache status'
+shows FAILED): no flush, no cleaner mode.  The dirty blocks only the cache
+holds are lost: those blocks read as the origin's older data.  It says how
+many, asks to type the device name (--yes: no question; without a terminal
+and without --yes it refuses), swaps the table for the linear mapping and
+releases the cache as above, and marks the cache device's superblock
+failed: no module loads it again ('tiercache create' or 'attach' with
+--format reuses it; 'tiercache writeback --force' still copies its dirty
+blocks offline).  If that mark cannot be written, a warning says to wipe or
+format the device before any other use.  --abandon is refused (exit 5) on a
+cache the module does not report failed, unless --force (a cache device
+that hangs instead of failing).")]
     Detach {
         name: String,
         /// Keep the cache LV (default)
@@ -318,6 +334,15 @@ cache is released: its LV is kept (--split, the default) or removed
         /// Remove the cache LV
         #[arg(long)]
         uncache: bool,
+        /// Give up a failed cache device: no flush, its dirty blocks are lost
+        #[arg(long, conflicts_with = "timeout")]
+        abandon: bool,
+        /// With --abandon: do not ask for confirmation
+        #[arg(long, requires = "abandon")]
+        yes: bool,
+        /// With --abandon: also a cache device the module does not report failed
+        #[arg(long, requires = "abandon")]
+        force: bool,
         #[command(flatten)]
         wait: WaitOpts,
     },
@@ -357,10 +382,12 @@ prints a summary.  DEVICE may be a block device or an image file.  Exit
 status: 0 consistent, 10 cannot read the device, 11 no superblock (never
 formatted), 12 superblock corrupt or of an unknown version, 13 corrupt
 entries (each listed with its slot and the reason), 14 an origin block dirty
-in several slots; the lowest applies.  Entries of a commit that did not
-finish are ignored, as the module ignores them.  Entries of another format
-generation (an earlier format's, or bytes the device held before) are free
-slots, counted apart, not errors.")]
+in several slots, 15 the superblock is marked failed (the module saw its
+metadata commits fail, or an administrator abandoned the cache with 'detach
+--abandon': the module does not load it again); the lowest applies.
+Entries of a commit that did not finish are ignored, as the module ignores
+them.  Entries of another format generation (an earlier format's, or bytes
+the device held before) are free slots, counted apart, not errors.")]
     Check {
         /// Cache device or image file
         device: String,
@@ -372,9 +399,9 @@ slots, counted apart, not errors.")]
     #[command(after_help = "\
 Each entry: slot, origin block, state (dirty, clean, uncommitted, or what is
 wrong with it) and the commit that wrote it.  Exit status as for check, but
-corrupt entries are shown, not judged.  The superblock shows the format
-version and generation; entries of another generation (foreign) are free
-slots, shown with --all.")]
+corrupt entries and the failed mark are shown, not judged.  The superblock
+shows the format version, generation and flags (failed); entries of another
+generation (foreign) are free slots, shown with --all.")]
     Dump {
         /// Cache device or image file
         device: String,
@@ -394,7 +421,10 @@ as clean (and synced), so that a later load does not write them again.  Both
 devices are opened exclusively: refused while a device-mapper device or a
 mount uses either.  Refused on a bad superblock, on corrupt entries and on
 ambiguous (duplicate) dirty entries; --force writes back the rest and leaves
-those as they are.  Exit status as for check, 4 when a device is in use.")]
+those as they are.  Refused on a superblock marked failed: writes since the
+failure went to the origin, which may hold newer data than the dirty blocks;
+--force writes them anyway (the mark stays).  Exit status as for check, 4
+when a device is in use.")]
     Writeback {
         /// The cache device (or image file)
         #[arg(long, value_name = "DEV")]
@@ -405,7 +435,7 @@ those as they are.  Exit status as for check, 4 when a device is in use.")]
         /// Show what would be written, write nothing
         #[arg(long)]
         dry_run: bool,
-        /// Skip corrupt and duplicate entries instead of refusing
+        /// Skip corrupt and duplicate entries, write back a cache marked failed
         #[arg(long)]
         force: bool,
     },
@@ -496,6 +526,9 @@ fn plan(cmd: Cmd) -> Result<Action> {
             name,
             split: _,
             uncache,
+            abandon,
+            yes,
+            force,
             wait,
         } => {
             let o = wait.to_opts()?;
@@ -504,7 +537,11 @@ fn plan(cmd: Cmd) -> Result<Action> {
             } else {
                 DetachCache::Split
             };
-            Action::Dm(Box::new(move |c| c.detach(&name, m, o)))
+            if abandon {
+                Action::Dm(Box::new(move |c| c.abandon(&name, m, yes, force)))
+            } else {
+                Action::Dm(Box::new(move |c| c.detach(&name, m, o)))
+            }
         }
         Cmd::Activate { all, names, format } => {
             if all != names.is_empty() {

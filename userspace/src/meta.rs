@@ -6,7 +6,8 @@
 //!
 //! Exit codes (`error::Kind`): 0 consistent; 10 the device cannot be
 //! opened or read; 11 no superblock; 12 bad superblock; 13 corrupt
-//! entries; 14 duplicate dirty entries.  When several apply, the lowest.
+//! entries; 14 duplicate dirty entries; 15 the superblock is marked failed.
+//! When several apply, the lowest.
 
 use serde::Serialize;
 use std::io::Write;
@@ -44,7 +45,7 @@ fn warn_if_held(dev: &Dev, err: &mut dyn Write) {
 pub struct CheckReport {
     pub device: String,
     /// ok, unreadable, no_superblock, bad_superblock, bad_entries,
-    /// duplicate_dirty
+    /// duplicate_dirty, failed
     pub result: &'static str,
     pub exit_code: i32,
     /// The first problem, as also printed on stderr.
@@ -52,6 +53,8 @@ pub struct CheckReport {
     pub device_bytes: Option<u64>,
     pub superblock_state: Option<SbState>,
     pub superblock: Option<Superblock>,
+    /// The superblock is marked failed (whatever else is wrong).
+    pub failed: bool,
     pub counts: Option<Counts>,
     pub dirty_bytes: Option<u64>,
     pub corrupt: Vec<BadEntry>,
@@ -65,6 +68,7 @@ fn result_name(k: Option<Kind>) -> &'static str {
         Some(Kind::BadSuperblock) => "bad_superblock",
         Some(Kind::BadEntries) => "bad_entries",
         Some(Kind::DuplicateDirty) => "duplicate_dirty",
+        Some(Kind::SbFailed) => "failed",
         Some(_) => "unreadable",
     }
 }
@@ -81,6 +85,7 @@ pub fn check_dev(dev: &dyn ReadAt) -> (CheckReport, Option<Error>) {
         device_bytes: Some(dev.size_bytes()),
         superblock_state: None,
         superblock: None,
+        failed: false,
         counts: None,
         dirty_bytes: None,
         corrupt: vec![],
@@ -98,6 +103,7 @@ pub fn check_dev(dev: &dyn ReadAt) -> (CheckReport, Option<Error>) {
     };
     rep.superblock_state = Some(sbr.state);
     rep.superblock = sbr.sb.clone();
+    rep.failed = sbr.sb.as_ref().is_some_and(|sb| sb.failed());
     if let Some(e) = sbr.problem(&name) {
         return finish(rep, Some(e));
     }
@@ -132,11 +138,20 @@ pub fn check_dev(dev: &dyn ReadAt) -> (CheckReport, Option<Error>) {
                 list_some(s.duplicates.iter().map(|d| d.block))
             ),
         ))
+    } else if sb.failed() {
+        Some(Error::new(
+            Kind::SbFailed,
+            format!("{name}: {}", FAILED_MARK),
+        ))
     } else {
         None
     };
     finish(rep, e)
 }
+
+/// What the failed mark says.
+const FAILED_MARK: &str = "the superblock is marked failed: the module saw its metadata commits \
+     fail, or an administrator abandoned the cache (detach --abandon); the module does not load it again";
 
 fn plural<'a>(n: u64, one: &'a str, many: &'a str) -> &'a str {
     if n == 1 {
@@ -188,6 +203,9 @@ fn sb_lines(sb: &Superblock, o: &mut Vec<String>) {
     ));
     o.push(format!("  commit seq:  {}", sb.commit_seq));
     o.push(format!("  generation:  {:#010x}", sb.generation));
+    if sb.failed() {
+        o.push(format!("  FAILED:      {FAILED_MARK}"));
+    }
 }
 
 /// The text form of a check report.
@@ -252,6 +270,7 @@ pub fn check_text(rep: &CheckReport) -> String {
             "bad_superblock" => "superblock unusable",
             "bad_entries" => "CORRUPT ENTRIES",
             "duplicate_dirty" => "DUPLICATE DIRTY ENTRIES",
+            "failed" => "MARKED FAILED",
             other => other,
         }
     ));
@@ -274,6 +293,7 @@ pub fn check(path: &str, json: bool, out: &mut dyn Write, err: &mut dyn Write) -
                 device_bytes: None,
                 superblock_state: None,
                 superblock: None,
+                failed: false,
                 counts: None,
                 dirty_bytes: None,
                 corrupt: vec![],
@@ -307,6 +327,9 @@ fn add_check_hint(e: Error, path: &str) -> Error {
         Kind::DuplicateDirty => e.hint(
             "the metadata does not say which copy is current; 'tiercache dump' shows them",
         ),
+        Kind::SbFailed => e.hint(format!(
+            "writes since the failure went to the origin, which may hold newer data than the dirty blocks recorded here; format the device to use it again ('--format'), or 'tiercache writeback --force --cache {path} --origin ORIGIN' if you know the origin's copies are older"
+        )),
         _ => e,
     }
 }
@@ -340,6 +363,8 @@ struct SbJson<'a> {
     data_start: u64,
     origin_sectors: u64,
     uuid: &'a str,
+    flags: u32,
+    failed: bool,
 }
 
 fn sb_json(sb: &Superblock) -> SbJson<'_> {
@@ -356,6 +381,8 @@ fn sb_json(sb: &Superblock) -> SbJson<'_> {
         data_start: l.data_start,
         origin_sectors: sb.origin_sectors,
         uuid: &sb.uuid,
+        flags: sb.flags,
+        failed: sb.failed(),
     }
 }
 
@@ -416,6 +443,14 @@ pub fn dump_dev(dev: &dyn ReadAt, json: bool, all: bool, out: &mut dyn Write) ->
             ("data_start", l.data_start.to_string()),
             ("origin_sectors", sb.origin_sectors.to_string()),
             ("uuid", sb.uuid.clone()),
+            (
+                "flags",
+                if sb.failed() {
+                    format!("{:#x} (failed: {FAILED_MARK})", sb.flags)
+                } else {
+                    format!("{:#x}", sb.flags)
+                },
+            ),
         ] {
             let _ = writeln!(out, "  {k:<15} {v}");
         }
@@ -738,6 +773,23 @@ pub fn writeback(
         .hint("give the origin device the cache was set up with"));
     }
     let dirty = s.unique_dirty();
+    if sb.failed() && !dirty.is_empty() {
+        if !force {
+            return Err(Error::new(
+                Kind::SbFailed,
+                format!(
+                    "{cache_path}: the superblock is marked failed (the module saw the cache device fail, or the cache was abandoned): writes acknowledged since went to the origin, which may hold newer data than these {} dirty {}: refusing to write them back",
+                    dirty.len(),
+                    plural(dirty.len() as u64, "block", "blocks")
+                ),
+            )
+            .hint("--force writes them back anyway, if you know the origin's copies of those blocks are older (nothing wrote to the device since the cache failed)"));
+        }
+        let _ = writeln!(
+            err,
+            "tiercache: warning: {cache_path}: the superblock is marked failed; writing its dirty blocks back anyway (--force): they replace whatever the origin holds there"
+        );
+    }
     let bb = sb.layout.block_bytes();
     let runs = plan_runs(&dirty, bb, MAX_WRITE_BYTES);
     let sum = WritebackSummary {

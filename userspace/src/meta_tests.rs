@@ -45,6 +45,7 @@ fn sb(commit_seq: u64) -> Superblock {
         uuid: "TIERCACHE-t".into(),
         version: disk::VERSION,
         generation: G,
+        flags: 0,
     }
 }
 
@@ -496,6 +497,167 @@ fn writeback_refusals_and_force() {
     )
     .unwrap_err();
     assert_eq!(e.kind, Kind::Unreadable);
+}
+
+/// `image()` with its superblock marked failed.
+fn failed_image(es: &[(u64, u64, bool, u64)]) -> Vec<u8> {
+    let failed = Superblock {
+        flags: disk::SB_FAILED,
+        ..sb(7)
+    };
+    build_image(&failed, CACHE_SECTORS, es, fill)
+}
+
+#[test]
+fn check_reports_a_superblock_marked_failed() {
+    let d = TempDir::new("failed");
+    let p = d.file("cache.img", &failed_image(&entries()));
+    let (out, r) = run_check(&p);
+    let e = r.unwrap_err();
+    assert_eq!((e.kind, e.kind.exit_code()), (Kind::SbFailed, 15));
+    assert!(
+        e.msg.starts_with(&format!("{p}: the superblock is marked failed: the module saw its metadata commits fail, or an administrator abandoned the cache")),
+        "{}",
+        e.msg
+    );
+    let h = e.hint.unwrap();
+    assert!(
+        h.contains("--format") && h.contains("writeback --force"),
+        "{h}"
+    );
+    for needle in [
+        "  FAILED:      the superblock is marked failed: ",
+        "4 dirty (16 KiB), 1 clean, 1 uncommitted (ignored), 0 corrupt",
+        "  result:      MARKED FAILED",
+    ] {
+        assert!(out.contains(needle), "missing '{needle}' in\n{out}");
+    }
+    let mut o = vec![];
+    check(&p, true, &mut o, &mut vec![]).unwrap_err();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(v["result"], "failed");
+    assert_eq!(v["exit_code"], 15);
+    assert_eq!(v["failed"], true);
+    assert_eq!(v["superblock"]["flags"], 1);
+
+    // Something worse applies first (the lowest code); the mark is still
+    // shown.
+    let mut img = failed_image(&entries());
+    img[entry_off(8) + 3] ^= 0x10;
+    let p = d.file("corrupt.img", &img);
+    let (out, r) = run_check(&p);
+    assert_eq!(r.unwrap_err().kind, Kind::BadEntries);
+    assert!(
+        out.contains("  FAILED:      the superblock is marked failed"),
+        "{out}"
+    );
+    let mut o = vec![];
+    check(&p, true, &mut o, &mut vec![]).unwrap_err();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(
+        (v["result"].as_str(), v["failed"].as_bool()),
+        (Some("bad_entries"), Some(true))
+    );
+
+    // Without the mark: no such line, "failed": false.
+    let p = d.file("ok.img", &image());
+    let (out, _) = run_check(&p);
+    assert!(!out.contains("FAILED"), "{out}");
+    let mut o = vec![];
+    check(&p, true, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(
+        (v["failed"].as_bool(), v["superblock"]["flags"].as_u64()),
+        (Some(false), Some(0))
+    );
+
+    // An unknown flag bit: a superblock with impossible fields.
+    let mut img = image();
+    let f = std::mem::offset_of!(ffi::tc_disk_sb, flags);
+    let c = std::mem::offset_of!(ffi::tc_disk_sb, csum);
+    img[f..f + 4].copy_from_slice(&3u32.to_le_bytes());
+    img[c..c + 4].fill(0);
+    let crc = disk::crc(&img[..disk::SB_BYTES]);
+    img[c..c + 4].copy_from_slice(&crc.to_le_bytes());
+    let (k, _) = check_kind(&img);
+    assert_eq!(k, Some(Kind::BadSuperblock));
+}
+
+#[test]
+fn dump_shows_the_failed_mark() {
+    let d = TempDir::new("dumpfailed");
+    let p = d.file("cache.img", &failed_image(&entries()));
+    let mut o = vec![];
+    // Shown, not judged.
+    dump(&p, false, false, &mut o, &mut vec![]).unwrap();
+    let t = String::from_utf8(o).unwrap();
+    assert!(
+        t.contains("  flags           0x1 (failed: the superblock is marked failed: "),
+        "{t}"
+    );
+    let mut o = vec![];
+    dump(&p, true, false, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(v["superblock"]["flags"], 1);
+    assert_eq!(v["superblock"]["failed"], true);
+    assert_eq!(v["entries"].as_array().unwrap().len(), 6);
+
+    let p = d.file("ok.img", &image());
+    let mut o = vec![];
+    dump(&p, false, false, &mut o, &mut vec![]).unwrap();
+    let t = String::from_utf8(o).unwrap();
+    assert!(t.contains("  flags           0x0\n"), "{t}");
+    let mut o = vec![];
+    dump(&p, true, false, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(v["superblock"]["failed"], false);
+}
+
+#[test]
+fn writeback_of_a_failed_cache_needs_force() {
+    let d = TempDir::new("wbfailed");
+    let img = failed_image(&entries());
+    let cache = d.file("cache.img", &img);
+    let origin = d.file("origin.img", &origin_image());
+    for dry_run in [false, true] {
+        let e = writeback(&cache, &origin, dry_run, false, &mut vec![], &mut vec![]).unwrap_err();
+        assert_eq!((e.kind, e.kind.exit_code()), (Kind::SbFailed, 15));
+        assert!(
+            e.msg.contains("the superblock is marked failed")
+                && e.msg
+                    .contains("may hold newer data than these 4 dirty blocks: refusing"),
+            "{}",
+            e.msg
+        );
+        assert!(e.hint.unwrap().contains("--force"));
+    }
+    assert!(std::fs::read(&origin).unwrap() == origin_image());
+    assert!(std::fs::read(&cache).unwrap() == img);
+
+    // --force: written back, with a warning; the mark stays.
+    let mut err = vec![];
+    let sum = writeback(&cache, &origin, false, true, &mut vec![], &mut err).unwrap();
+    assert_eq!((sum.blocks, sum.writes), (4, 2));
+    let err = String::from_utf8(err).unwrap();
+    assert!(
+        err.contains(
+            "the superblock is marked failed; writing its dirty blocks back anyway (--force)"
+        ),
+        "{err}"
+    );
+    let got = std::fs::read(&origin).unwrap();
+    assert_eq!((got[10 * 4096], got[40 * 4096]), (fill(10), fill(40)));
+    let after = std::fs::read(&cache).unwrap();
+    assert_eq!(after[..512], img[..512], "the superblock is not rewritten");
+
+    // Nothing dirty: nothing to refuse.
+    let cache = d.file("clean.img", &failed_image(&[(9, 41, false, 7)]));
+    let mut out = vec![];
+    let sum = writeback(&cache, &origin, false, false, &mut out, &mut vec![]).unwrap();
+    assert_eq!(sum.blocks, 0);
+    assert!(String::from_utf8(out)
+        .unwrap()
+        .contains("nothing to write back"));
 }
 
 /// The image of `image()` as the version 1 code wrote it: version 1,

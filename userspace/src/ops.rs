@@ -539,6 +539,17 @@ impl<'a> Ctx<'a> {
             }
             SbState::Ok if policy != FormatPolicy::Force => match sbr.problem(cpath) {
                 Some(e) => Err(e.context(name)),
+                None if sbr.sb.as_ref().is_some_and(|sb| sb.failed()) => Err(Error::new(
+                    Kind::SbFailed,
+                    format!(
+                        "{name}: cache {}: its superblock is marked failed (the cache device failed, or the cache was abandoned): the module does not load it",
+                        s.cache
+                    ),
+                )
+                .hint(format!(
+                    "writes since the failure went to the origin, which may hold newer data than its dirty blocks; {} formats the cache afresh, giving them up ('tiercache writeback --force --cache {cpath} --origin ORIGIN' first, if you know they are newer)",
+                    Self::format_how(s, policy)
+                ))),
                 None => Ok(()),
             },
             _ => Ok(()),
@@ -554,8 +565,9 @@ impl<'a> Ctx<'a> {
     /// * valid but not matching: refused (dirty data: exit 5; none: exit 4,
     ///   `--format` reformats);
     /// * `Force`: refused while committed dirty entries exist (the kernel
-    ///   refuses too); a corrupt superblock is formatted over, with a
-    ///   warning.
+    ///   refuses too), unless the superblock is marked failed (they were
+    ///   given up: the kernel formats it); a corrupt superblock is
+    ///   formatted over, with a warning.
     fn decide_format(
         &self,
         s: &Setup,
@@ -621,10 +633,14 @@ impl<'a> Ctx<'a> {
         } else {
             None
         };
-        let dirty = survey
+        let counted = survey
             .as_ref()
             .map(|v| v.dirty_for_format(sb.commit_seq))
             .unwrap_or(0);
+        // The dirty blocks of a cache marked failed were given up when it
+        // failed (the origin may hold newer data): they do not stop a
+        // format, as the kernel does not count them.
+        let dirty = if sb.failed() { 0 } else { counted };
         let corrupt = survey.as_ref().map(|v| v.counts.corrupt).unwrap_or(0);
         let writeback_hint = format!(
             "'tiercache writeback --cache {} --origin ORIGIN' writes them to their origin offline",
@@ -669,6 +685,18 @@ impl<'a> Ctx<'a> {
             .hint(format!(
                 "set {name} up without --format to keep it, then 'tiercache flush --wait {name}'; or {writeback_hint}. --force does not drop dirty data"
             )));
+        }
+        if sb.failed() {
+            errln!(
+                self,
+                "tiercache: warning: {name}: cache {} is marked failed; formatting it as asked (--format){}",
+                s.cache,
+                if counted > 0 {
+                    format!(": its {counted} dirty blocks are given up")
+                } else {
+                    String::new()
+                }
+            );
         }
         if corrupt > 0 {
             errln!(
@@ -1239,6 +1267,8 @@ impl<'a> Ctx<'a> {
             "read_hit_ratio": s.read_hit_ratio().map(round4),
             "write_hit_ratio": s.write_hit_ratio().map(round4),
             "error_name": if s.error != 0 { Some(crate::error::errno_name(s.error)) } else { None },
+            "failed": s.failed_errno().is_some(),
+            "cache_failed_name": s.failed_errno().map(crate::error::errno_name),
         })
     }
 
@@ -1251,13 +1281,51 @@ impl<'a> Ctx<'a> {
                 .unwrap_or("--".into())
         };
         o += &format!(
-            "{name}: {} cache of {} ({}:{}){}\n",
+            "{name}: {} cache of {} ({}:{}){}{}\n",
             s.mode,
             fmt_bytes(cd.len * 512),
             cd.info.devno.0,
             cd.info.devno.1,
+            if s.failed_errno().is_some() {
+                ", CACHE DEVICE FAILED"
+            } else {
+                ""
+            },
             if cd.info.suspended { ", SUSPENDED" } else { "" }
         );
+        if let Some(e) = s.failed_errno() {
+            let lost = if s.dirty_blocks == 0 {
+                "no dirty blocks, nothing is lost".to_string()
+            } else {
+                let (blocks, are) = if s.dirty_blocks == 1 {
+                    ("block", "is")
+                } else {
+                    ("blocks", "are")
+                };
+                format!(
+                    "{} dirty {blocks} ({}) {are} only in the failed cache; reads of them fail",
+                    s.dirty_blocks,
+                    fmt_bytes(s.dirty_bytes())
+                )
+            };
+            o += &format!(
+                "  FAILED:     cache device FAILED (error {e}, {}): {lost}; all other IO goes to the origin\n",
+                crate::error::errno_name(e)
+            );
+            o += &format!(
+                "  way out:    tiercache detach {name} --abandon (the origin without the cache{})\n",
+                if s.dirty_blocks == 0 {
+                    ""
+                } else {
+                    "; the dirty blocks read as the origin's older data"
+                }
+            );
+            if s.dirty_blocks > 0 {
+                o += &format!(
+                    "              ('tiercache flush --wait {name}' first writes back those the cache device can still read)\n"
+                );
+            }
+        }
         o += &format!("  origin:     {}\n", self.describe(&cd.table.origin));
         o += &format!(
             "  cache:      {}, {} in {} blocks of {}\n",
@@ -1400,7 +1468,7 @@ impl<'a> Ctx<'a> {
                         "cache": self.describe(&c.table.cache),
                         "cache_bytes": s.cache_bytes(), "used_bytes": s.used_bytes(),
                         "dirty_bytes": s.dirty_bytes(), "flush_state": s.flush_state.as_str(),
-                        "error": s.error,
+                        "error": s.error, "cache_failed": s.failed_errno().unwrap_or(0),
                     }));
                 }
                 Ok(Some(DevKind::Detached { table, .. })) => {
@@ -1413,7 +1481,7 @@ impl<'a> Ctx<'a> {
                     rows.push(serde_json::json!({
                         "name": n, "state": "detached", "mode": "linear", "size_bytes": size,
                         "origin": origin, "cache": null, "cache_bytes": 0, "used_bytes": 0,
-                        "dirty_bytes": 0, "flush_state": null, "error": 0,
+                        "dirty_bytes": 0, "flush_state": null, "error": 0, "cache_failed": 0,
                     }));
                 }
                 Ok(_) => {}
@@ -1449,7 +1517,9 @@ impl<'a> Ctx<'a> {
                 if cached { b("used_bytes") } else { "-".into() },
                 if cached { b("dirty_bytes") } else { "-".into() },
                 if cached {
-                    if r["error"].as_i64() != Some(0) {
+                    if r["cache_failed"].as_i64() != Some(0) {
+                        "FAILED".into()
+                    } else if r["error"].as_i64() != Some(0) {
                         "ERROR".into()
                     } else {
                         s("flush_state")
@@ -1619,17 +1689,17 @@ impl<'a> Ctx<'a> {
             )));
         }
 
-        let sum = self.flush_wait(name, o)?;
+        let sum = self.flush_wait(name, o).map_err(|e| match cd.status.failed_errno() {
+            Some(err) if e.kind == Kind::FlushFailed => e.hint(format!(
+                "the cache device failed (error {err}, {}): dirty blocks it cannot read are lost; 'tiercache detach {name} --abandon' gives the cache up without a flush",
+                crate::error::errno_name(err)
+            )),
+            _ => e,
+        })?;
         self.print_flush_summary(name, &sum);
 
         // From here on writes go to the origin and nothing new turns dirty.
         self.dm.message(name, "cleaner on")?;
-        let linear = [Target::new(
-            cd.start,
-            cd.len,
-            "linear",
-            table::linear_params(&origin_dev),
-        )];
         let mut swapped = false;
         let mut last_err = None;
         for _attempt in 0..3 {
@@ -1637,13 +1707,8 @@ impl<'a> Ctx<'a> {
                 last_err = Some(e);
                 break;
             }
-            if let Err(e) = self.dm.load(name, &linear) {
-                let why = self.host.kernel_error(cd.info.devno);
-                let _ = self.dm.clear_inactive(name);
-                last_err = Some(failure(format!(
-                    "{name}: cannot load the linear table: {}",
-                    why.unwrap_or(e.msg)
-                )));
+            if let Err(e) = self.load_linear(&cd) {
+                last_err = Some(e);
                 break;
             }
             // Suspend with flush: in-flight IO completes, new IO is held.
@@ -1681,38 +1746,104 @@ impl<'a> Ctx<'a> {
             }));
         }
 
-        // The cache device is released now; undo the LVM markings.
+        // The cache device is released now.
         let mut warn = vec![];
-        if let Some(l) = &origin_lv {
-            if let Err(e) = self.lvm.mark(&l.vg, &l.lv, lvm::TAG_ORIGIN, false) {
-                warn.push(e.msg);
-            }
+        self.unmark_released(name, origin_lv.as_ref(), cache_lv.as_ref(), &mut warn);
+        let cache_note = self.release_cache_lv(&cache_dev, cache_lv.as_ref(), mode, &mut warn);
+        self.detach_done(
+            name,
+            "detached",
+            &origin_dev,
+            origin_lv.as_ref(),
+            &cache_note,
+            &warn,
+        )
+    }
+
+    /// Load a linear mapping of the origin of `cd`, over the same range,
+    /// as the inactive table.
+    fn load_linear(&self, cd: &CacheDev) -> Result<()> {
+        let name = &cd.info.name;
+        let linear = [Target::new(
+            cd.start,
+            cd.len,
+            "linear",
+            table::linear_params(&cd.table.origin),
+        )];
+        if let Err(e) = self.dm.load(name, &linear) {
+            let why = self.host.kernel_error(cd.info.devno);
+            let _ = self.dm.clear_inactive(name);
+            return Err(failure(format!(
+                "{name}: cannot load the linear table: {}",
+                why.unwrap_or(e.msg)
+            )));
         }
-        let mut cache_note = format!("cache {} released", self.describe(&cache_dev));
-        if let Some(l) = &cache_lv {
-            if let Err(e) = self.lvm.mark(&l.vg, &l.lv, lvm::TAG_CACHE, false) {
-                warn.push(e.msg);
-            }
-            cache_note = format!("cache LV {} kept", l.full_name());
-            if mode == DetachCache::Uncache {
-                match self.lvm.remove(&l.vg, &l.lv) {
-                    Ok(()) => cache_note = format!("cache LV {} removed", l.full_name()),
-                    Err(e) => warn.push(e.msg),
+        Ok(())
+    }
+
+    /// After the swap to a linear table: the LVs lose their tiercache
+    /// marks (the origin activates on its own again) and the device its
+    /// configuration entry, so that `activate` does not set the cache up
+    /// again.  What fails is added to `warn`.
+    fn unmark_released(
+        &self,
+        name: &str,
+        origin_lv: Option<&LvInfo>,
+        cache_lv: Option<&LvInfo>,
+        warn: &mut Vec<String>,
+    ) {
+        for (l, tag) in [(origin_lv, lvm::TAG_ORIGIN), (cache_lv, lvm::TAG_CACHE)] {
+            if let Some(l) = l {
+                if let Err(e) = self.lvm.mark(&l.vg, &l.lv, tag, false) {
+                    warn.push(e.msg);
                 }
             }
         }
         if let Err(e) = self.config_remove(name) {
             warn.push(e.msg);
         }
-        for w in &warn {
+    }
+
+    /// Keep the cache LV, or remove it (`Uncache`); says which.
+    fn release_cache_lv(
+        &self,
+        cache_dev: &str,
+        cache_lv: Option<&LvInfo>,
+        mode: DetachCache,
+        warn: &mut Vec<String>,
+    ) -> String {
+        let Some(l) = cache_lv else {
+            return format!("cache {} released", self.describe(cache_dev));
+        };
+        if mode == DetachCache::Uncache {
+            match self.lvm.remove(&l.vg, &l.lv) {
+                Ok(()) => return format!("cache LV {} removed", l.full_name()),
+                Err(e) => warn.push(e.msg),
+            }
+        }
+        format!("cache LV {} kept", l.full_name())
+    }
+
+    /// The last lines of `detach`: `what` happened, the warnings; an error
+    /// if cleaning up failed.
+    fn detach_done(
+        &self,
+        name: &str,
+        what: &str,
+        origin_dev: &str,
+        origin_lv: Option<&LvInfo>,
+        cache_note: &str,
+        warn: &[String],
+    ) -> Result<()> {
+        for w in warn {
             errln!(self, "tiercache: warning: {name}: {w}");
         }
         let origin_name = origin_lv
             .map(|l| l.full_name())
-            .unwrap_or_else(|| self.describe(&origin_dev));
+            .unwrap_or_else(|| self.describe(origin_dev));
         outln!(
             self,
-            "{name}: detached: /dev/mapper/{name} now maps {origin_name} directly; {cache_note}"
+            "{name}: {what}: /dev/mapper/{name} now maps {origin_name} directly; {cache_note}"
         );
         outln!(
             self,
@@ -1720,10 +1851,187 @@ impl<'a> Ctx<'a> {
         );
         if !warn.is_empty() {
             return Err(failure(format!(
-                "{name}: detached, but cleaning up failed (see warnings)"
+                "{name}: {what}, but cleaning up failed (see warnings)"
             )));
         }
         Ok(())
+    }
+
+    /// `detach --abandon`: the way out of a failed cache device.  No flush
+    /// and no cleaner mode: the dirty blocks the cache holds are lost (the
+    /// origin's older data of those blocks shows through).  After a
+    /// confirmation (the device name typed on a terminal, or `yes`), the
+    /// table is swapped for a linear mapping of the origin as `detach`
+    /// does, the cache is released as `detach` releases it (the
+    /// configuration entry included), and its superblock is marked
+    /// failed, so that no module loads its stale metadata again.  Refused
+    /// unless the module reports the cache device failed, or `force` (a
+    /// cache device that hangs rather than fails).
+    pub fn abandon(&self, name: &str, mode: DetachCache, yes: bool, force: bool) -> Result<()> {
+        let cd = self.cache_dev(name)?;
+        let st = &cd.status;
+        let origin_dev = cd.table.origin.clone();
+        let cache_dev = cd.table.cache.clone();
+        let cache_name = self.describe(&cache_dev);
+        let origin_lv = self.lv_of(&origin_dev);
+        let cache_lv = self.lv_of(&cache_dev);
+        let dirty = |n: u64| {
+            format!(
+                "{n} dirty {} ({})",
+                if n == 1 { "block" } else { "blocks" },
+                fmt_bytes(n * st.block_bytes())
+            )
+        };
+        let failed = st.failed_errno();
+        if failed.is_none() && !force {
+            let why = match st.cache_failed {
+                Some(_) => format!("the cache device {cache_name} has not failed"),
+                None => "the module does not report whether the cache device failed (no status field 23: an older module)".to_string(),
+            };
+            return Err(Error::new(
+                Kind::Dirty,
+                format!(
+                    "{name}: refusing to abandon the cache: {why}; --abandon would lose its {}, which 'tiercache detach {name}' writes back first",
+                    dirty(st.dirty_blocks)
+                ),
+            )
+            .hint(format!(
+                "use 'tiercache detach {name}' (it flushes); add --force only for a cache device that hangs instead of failing"
+            )));
+        }
+        if mode == DetachCache::Uncache && cache_lv.is_none() {
+            return Err(usage(format!(
+                "{name}: --uncache removes the cache LV, but the cache {cache_name} is not a logical volume"
+            )));
+        }
+        let loss = if st.dirty_blocks == 0 {
+            "it holds no dirty blocks, nothing is lost".to_string()
+        } else {
+            format!(
+                "its {} are lost: those blocks will read as the origin's older data",
+                dirty(st.dirty_blocks)
+            )
+        };
+        match failed {
+            Some(e) => outln!(
+                self,
+                "{name}: the cache device {cache_name} FAILED (error {e}, {}); abandoning it: {loss}",
+                crate::error::errno_name(e)
+            ),
+            None => outln!(
+                self,
+                "{name}: the cache device {cache_name} is not reported failed; abandoning it anyway (--force): {loss}"
+            ),
+        }
+        if !yes {
+            self.confirm_abandon(name)?;
+        }
+
+        // No flush, no cleaner: the linear table replaces the cache as it is.
+        self.load_linear(&cd)?;
+        if let Err(e) = self.dm.suspend(name, true) {
+            let _ = self.dm.clear_inactive(name);
+            return Err(e);
+        }
+        // Suspended: what is dirty now is what is lost.
+        let lost = self
+            .refresh(name)
+            .map(|(_, s)| s.dirty_blocks)
+            .unwrap_or(st.dirty_blocks);
+        if let Err(e) = self.dm.resume(name) {
+            return Err(e.hint(format!(
+                "the device may be left suspended, with the linear table loaded; try 'dmsetup resume {name}'"
+            )));
+        }
+
+        let mut warn = vec![];
+        self.unmark_released(name, origin_lv.as_ref(), cache_lv.as_ref(), &mut warn);
+        // Marked before an --uncache removes the LV: a new LV on the same
+        // extents must not find a loadable superblock there either.
+        let mark_note = self.mark_abandoned(name, &cache_dev, cache_lv.as_ref());
+        let lv_note = self.release_cache_lv(&cache_dev, cache_lv.as_ref(), mode, &mut warn);
+        let lost_note = if lost == 0 {
+            "no dirty blocks lost".to_string()
+        } else {
+            format!("{} lost", dirty(lost))
+        };
+        self.detach_done(
+            name,
+            "cache abandoned",
+            &origin_dev,
+            origin_lv.as_ref(),
+            &format!("{lost_note}; {lv_note}, {mark_note}"),
+            &warn,
+        )
+    }
+
+    /// Ask for the device name on the terminal.
+    fn confirm_abandon(&self, name: &str) -> Result<()> {
+        if !self.host.stdin_is_tty() {
+            return Err(Error::new(
+                Kind::Dirty,
+                format!(
+                    "{name}: refusing to abandon the cache without a confirmation, and stdin is not a terminal to ask for one"
+                ),
+            )
+            .hint("run it on a terminal, or add --yes to confirm on the command line"));
+        }
+        {
+            let mut err = self.err.borrow_mut();
+            let _ = write!(err, "Type the device name ({name}) to abandon its cache: ");
+            let _ = err.flush();
+        }
+        let answer = self.host.read_line()?;
+        match answer.as_deref().map(str::trim) {
+            Some(a) if a == name => Ok(()),
+            a => Err(Error::new(
+                Kind::Dirty,
+                format!(
+                    "{name}: not confirmed ({}): nothing was changed",
+                    match a {
+                        None => "end of input".to_string(),
+                        Some(a) => format!("'{a}' is not '{name}'"),
+                    }
+                ),
+            )),
+        }
+    }
+
+    /// Mark the superblock of an abandoned cache device failed; says how
+    /// it went.  A failure is a warning, not an error: the device is linear
+    /// already.
+    fn mark_abandoned(&self, name: &str, cache_dev: &str, cache_lv: Option<&LvInfo>) -> String {
+        let devno = parse_devno(cache_dev);
+        let path = cache_lv
+            .map(|l| l.path.clone())
+            .or_else(|| devno.and_then(|d| self.host.node_of_devno(d)));
+        let r = match (path, devno) {
+            (Some(path), Some(devno)) => {
+                let bd = BlockDev {
+                    size_bytes: self.host.size_of_devno(devno).unwrap_or(0),
+                    path,
+                    devno,
+                };
+                self.host.mark_superblock_failed(&bd)
+            }
+            _ => Err(not_found(format!(
+                "no device node for {}",
+                self.describe(cache_dev)
+            ))),
+        };
+        match r {
+            Ok(true) => "its superblock marked failed (no module loads it again)".into(),
+            Ok(false) => "its superblock was marked failed already".into(),
+            Err(e) => {
+                errln!(
+                    self,
+                    "tiercache: warning: {name}: cannot mark the superblock of the cache device {} failed: {}; wipe or format the device before any other use: its metadata is stale and must not be loaded again",
+                    self.describe(cache_dev),
+                    e.msg
+                );
+                "its superblock NOT marked failed (see the warning)".into()
+            }
+        }
     }
 
     // ----------------------------------------------------------------

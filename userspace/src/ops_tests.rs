@@ -52,6 +52,8 @@ struct Meta {
     block_sectors: u32,
     commit_seq: u64,
     generation: u32,
+    /// Superblock flags (disk::SB_FAILED).
+    flags: u32,
     /// (slot, origin block, dirty, seq)
     entries: Vec<(u64, u64, bool, u64)>,
 }
@@ -66,6 +68,7 @@ impl Meta {
             block_sectors: 8,
             commit_seq: 10,
             generation: 0x0bad_cafe,
+            flags: 0,
             entries: vec![],
         }
     }
@@ -86,6 +89,7 @@ impl Meta {
             uuid: self.uuid.clone(),
             version: disk::VERSION,
             generation: self.generation,
+            flags: self.flags,
         };
         let mut v = vec![0u8; (layout.meta_end_sector() * 512) as usize];
         v[..disk::SB_BYTES].copy_from_slice(&disk::encode_sb(&sb));
@@ -546,6 +550,92 @@ fn status_text_and_json() {
 }
 
 #[test]
+fn status_shows_a_failed_cache() {
+    let t = T::new();
+    t.cached("c", 12);
+    t.ctx().status(&["c".into()], false).unwrap();
+    let o = t.out.text();
+    assert!(!o.contains("FAILED") && !o.contains("--abandon"), "{o}");
+
+    t.dm.with("c", |d| d.sim.as_mut().unwrap().cache_failed = -5);
+    t.ctx().status(&["c".into()], false).unwrap();
+    let o = t.out.text();
+    let o = &o[o.rfind("c: writeback").unwrap()..];
+    let lines: Vec<&str> = o.lines().collect();
+    assert!(lines[0].ends_with(", CACHE DEVICE FAILED"), "{o}");
+    assert_eq!(
+        lines[1],
+        "  FAILED:     cache device FAILED (error -5, EIO (Input/output error)): \
+         12 dirty blocks (48 KiB) are only in the failed cache; reads of them fail; \
+         all other IO goes to the origin"
+    );
+    assert_eq!(
+        lines[2],
+        "  way out:    tiercache detach c --abandon (the origin without the cache; \
+         the dirty blocks read as the origin's older data)"
+    );
+    assert_eq!(
+        lines[3],
+        "              ('tiercache flush --wait c' first writes back those the cache device can still read)"
+    );
+
+    let t = T::new();
+    t.cached("c", 0);
+    t.dm.with("c", |d| d.sim.as_mut().unwrap().cache_failed = -5);
+    t.ctx().status(&["c".into()], false).unwrap();
+    let o = t.out.text();
+    assert!(
+        o.contains("(error -5, EIO (Input/output error)): no dirty blocks, nothing is lost;"),
+        "{o}"
+    );
+    assert!(
+        o.contains("way out:    tiercache detach c --abandon (the origin without the cache)\n"),
+        "{o}"
+    );
+    assert!(!o.contains("flush --wait"), "{o}");
+
+    let t = T::new();
+    t.cached("c", 12);
+    t.cached("d", 0);
+    t.dm.with("c", |d| d.sim.as_mut().unwrap().cache_failed = -5);
+    t.ctx().status(&[], true).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&t.out.text()).unwrap();
+    assert_eq!(v[0]["status"]["cache_failed"], -5);
+    assert_eq!(v[0]["failed"], true);
+    assert_eq!(v[0]["cache_failed_name"], "EIO (Input/output error)");
+    assert_eq!(v[1]["status"]["cache_failed"], 0);
+    assert_eq!(v[1]["failed"], false);
+    assert!(v[1]["cache_failed_name"].is_null());
+
+    // A module without field 23: null, never "failed".
+    t.dm.with("d", |d| d.sim.as_mut().unwrap().nr_fields = Some(22));
+    let t2 = Buf::default();
+    let ctx = Ctx {
+        out: RefCell::new(Box::new(t2.clone())),
+        ..t.ctx()
+    };
+    ctx.status(&["d".into()], true).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&t2.text()).unwrap();
+    assert!(v[0]["status"]["cache_failed"].is_null());
+    assert_eq!(v[0]["failed"], false);
+
+    // list: FAILED in the flush column.
+    let t3 = Buf::default();
+    let ctx = Ctx {
+        out: RefCell::new(Box::new(t3.clone())),
+        ..t.ctx()
+    };
+    ctx.list(false).unwrap();
+    let row = t3
+        .text()
+        .lines()
+        .find(|l| l.starts_with("c "))
+        .unwrap()
+        .to_string();
+    assert!(row.contains(" FAILED "), "{row}");
+}
+
+#[test]
 fn status_errors() {
     let t = T::new();
     let e = t.ctx().status(&["zz".into()], false).unwrap_err();
@@ -768,6 +858,288 @@ fn detach_keeps_cache_on_flush_error() {
         Some(DevKind::Cached(_))
     ));
     assert!(t.lvm.get("vg", "slow").has_tag(TAG_ORIGIN));
+}
+
+#[test]
+fn detach_of_a_failed_cache_points_to_abandon() {
+    let t = T::new();
+    attach(&t);
+    fail_cache(&t, "slow", 50, -5);
+    t.dm.with("slow", |d| d.sim.as_mut().unwrap().fail_with = Some(-5));
+    let e = t
+        .ctx()
+        .detach("slow", DetachCache::Split, quiet())
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::FlushFailed);
+    let h = e.hint.unwrap();
+    assert!(
+        h.contains("the cache device failed (error -5, EIO")
+            && h.contains("'tiercache detach slow --abandon'"),
+        "{h}"
+    );
+    assert!(matches!(
+        t.ctx().classify("slow").unwrap(),
+        Some(DevKind::Cached(_))
+    ));
+}
+
+/// A failed cache device: the module reports `errno` in status field 23.
+fn fail_cache(t: &T, name: &str, dirty: u64, errno: i32) {
+    t.dm.with(name, |d| {
+        let s = d.sim.as_mut().unwrap();
+        s.dirty = dirty;
+        s.used = s.used.max(dirty);
+        s.cache_failed = errno;
+    });
+}
+
+fn sb_of(t: &T, path: &str) -> disk::Superblock {
+    let img = t.host.images.borrow()[path].clone();
+    let (st, sb) = disk::decode_sb(&img);
+    assert_eq!(st, disk::SbState::Ok);
+    sb.unwrap()
+}
+
+#[test]
+fn abandon_is_refused_on_a_cache_that_did_not_fail() {
+    let t = T::new();
+    t.cached("c", 12);
+    t.image("/dev/fast", &Meta::new("c", FAST, SLOW).dirty(12));
+    let e = t
+        .ctx()
+        .abandon("c", DetachCache::Split, true, false)
+        .unwrap_err();
+    assert_eq!((e.kind, e.kind.exit_code()), (Kind::Dirty, 5));
+    assert!(
+        e.msg.contains("the cache device dev8:32 has not failed")
+            && e.msg.contains("12 dirty blocks (48 KiB)")
+            && e.msg.contains("'tiercache detach c' writes back first"),
+        "{}",
+        e.msg
+    );
+    assert!(e.hint.unwrap().contains("--force"));
+    // A module without field 23 cannot say: refused too.
+    t.dm.with("c", |d| d.sim.as_mut().unwrap().nr_fields = Some(22));
+    let e = t
+        .ctx()
+        .abandon("c", DetachCache::Split, true, false)
+        .unwrap_err();
+    assert!(e.msg.contains("no status field 23"), "{}", e.msg);
+    assert!(t.log().is_empty(), "nothing done: {:?}", t.log());
+    assert!(t.host.marked.borrow().is_empty());
+    assert!(matches!(
+        t.ctx().classify("c").unwrap(),
+        Some(DevKind::Cached(_))
+    ));
+}
+
+#[test]
+fn abandon_swaps_to_linear_without_flushing() {
+    let t = T::new();
+    attach(&t);
+    t.image("/dev/vg/fast", &Meta::new("slow", FAST, SLOW).dirty(3));
+    t.dm.with("slow", |d| d.info.open_count = 1); // mounted
+    fail_cache(&t, "slow", 500, -5);
+    t.dm.log.borrow_mut().clear();
+    t.ctx()
+        .abandon("slow", DetachCache::Split, true, false)
+        .unwrap();
+    let log = t.log();
+    assert_eq!(
+        log,
+        [
+            "load slow 0 524288 linear 253:1 0",
+            "suspend slow",
+            "resume slow"
+        ],
+        "no flush, no cleaner, no remove"
+    );
+    assert!(matches!(
+        t.ctx().classify("slow").unwrap(),
+        Some(DevKind::Detached { .. })
+    ));
+    // Released as detach releases it: LV marks, configuration entry.
+    assert!(!t.lvm.get("vg", "slow").has_tag(TAG_ORIGIN));
+    assert!(!t.lvm.get("vg", "slow").skip_activation);
+    assert!(!t.lvm.get("vg", "fast").has_tag(TAG_CACHE));
+    assert!(!t.host.files.borrow()[CONF].contains("vg/slow"));
+    let e = t
+        .ctx()
+        .activate(false, &["slow".into()], false)
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::NotFound);
+    // The superblock is marked failed, the rest of it as it was.
+    assert_eq!(*t.host.marked.borrow(), ["/dev/vg/fast"]);
+    let sb = sb_of(&t, "/dev/vg/fast");
+    assert!(sb.failed());
+    assert_eq!(sb.commit_seq, 10);
+    let o = t.out.text();
+    for needle in [
+        "slow: the cache device dev253:2 FAILED (error -5, EIO (Input/output error)); abandoning it: \
+         its 500 dirty blocks (",
+        ") are lost: those blocks will read as the origin's older data\n",
+        "slow: cache abandoned: /dev/mapper/slow now maps vg/slow directly; 500 dirty blocks (",
+        ") lost; cache LV vg/fast kept, its superblock marked failed (no module loads it again)\n",
+        "'tiercache remove slow' drops the mapping",
+    ] {
+        assert!(o.contains(needle), "missing '{needle}' in\n{o}");
+    }
+    assert_eq!(t.err.text(), "", "no question with --yes, no warning");
+
+    // Once more: not a cache any more.
+    let e = t
+        .ctx()
+        .abandon("slow", DetachCache::Split, true, false)
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::NotFound);
+}
+
+#[test]
+fn abandon_asks_for_the_device_name() {
+    let t = T::new();
+    t.cached("c", 7);
+    t.image("/dev/fast", &Meta::new("c", FAST, SLOW).dirty(7));
+    fail_cache(&t, "c", 7, -5);
+    // No terminal, no --yes.
+    let e = t
+        .ctx()
+        .abandon("c", DetachCache::Split, false, false)
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::Dirty);
+    assert!(e.msg.contains("stdin is not a terminal"), "{}", e.msg);
+    assert!(e.hint.unwrap().contains("--yes"));
+    // A terminal: the wrong name, then nothing at all.
+    t.host.stdin_tty.set(true);
+    t.host.stdin.borrow_mut().push_back("d".into());
+    let e = t
+        .ctx()
+        .abandon("c", DetachCache::Split, false, false)
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::Dirty);
+    assert_eq!(
+        e.msg,
+        "c: not confirmed ('d' is not 'c'): nothing was changed"
+    );
+    assert!(t
+        .err
+        .text()
+        .contains("Type the device name (c) to abandon its cache: "));
+    let e = t
+        .ctx()
+        .abandon("c", DetachCache::Split, false, false)
+        .unwrap_err();
+    assert!(e.msg.contains("(end of input)"), "{}", e.msg);
+    assert!(t.log().is_empty(), "nothing done: {:?}", t.log());
+    assert!(t.host.marked.borrow().is_empty());
+    assert!(t
+        .out
+        .text()
+        .contains("its 7 dirty blocks (28 KiB) are lost"));
+    // The right name.
+    t.host.stdin.borrow_mut().push_back(" c".into());
+    t.ctx()
+        .abandon("c", DetachCache::Split, false, false)
+        .unwrap();
+    assert!(t
+        .log()
+        .contains(&"load c 0 524288 linear 8:16 0".to_string()));
+    assert_eq!(*t.host.marked.borrow(), ["/dev/fast"]);
+    assert!(t.out.text().contains(
+        "7 dirty blocks (28 KiB) lost; cache dev8:32 released, its superblock marked failed"
+    ));
+}
+
+#[test]
+fn abandon_warns_if_the_superblock_cannot_be_marked() {
+    let t = T::new();
+    t.cached("c", 0);
+    t.image("/dev/fast", &Meta::new("c", FAST, SLOW));
+    fail_cache(&t, "c", 0, -5);
+    t.host.sb_write_error.set(true);
+    t.ctx()
+        .abandon("c", DetachCache::Split, true, false)
+        .unwrap();
+    assert!(matches!(
+        t.ctx().classify("c").unwrap(),
+        Some(DevKind::Detached { .. })
+    ));
+    let err = t.err.text();
+    assert!(
+        err.contains(
+            "tiercache: warning: c: cannot mark the superblock of the cache device dev8:32 failed: \
+             /dev/fast: write error at byte 0: Input/output error; wipe or format the device"
+        ),
+        "{err}"
+    );
+    let o = t.out.text();
+    assert!(
+        o.contains("it holds no dirty blocks, nothing is lost"),
+        "{o}"
+    );
+    assert!(
+        o.contains(
+            "no dirty blocks lost; cache dev8:32 released, its superblock NOT marked failed"
+        ),
+        "{o}"
+    );
+    assert!(!sb_of(&t, "/dev/fast").failed());
+
+    // Marked already (by the module, when a commit failed): nothing written.
+    let t = T::new();
+    t.cached("c", 2);
+    let mut m = Meta::new("c", FAST, SLOW).dirty(2);
+    m.flags = disk::SB_FAILED;
+    t.image("/dev/fast", &m);
+    fail_cache(&t, "c", 2, -5);
+    t.ctx()
+        .abandon("c", DetachCache::Split, true, false)
+        .unwrap();
+    assert!(t.host.marked.borrow().is_empty());
+    assert!(t
+        .out
+        .text()
+        .contains("its superblock was marked failed already"));
+}
+
+#[test]
+fn abandon_force_and_uncache() {
+    // A cache device that hangs: not reported failed, --force.
+    let t = T::new();
+    attach(&t);
+    t.image("/dev/vg/fast", &Meta::new("slow", FAST, SLOW).dirty(4));
+    fail_cache(&t, "slow", 4, 0);
+    t.ctx()
+        .abandon("slow", DetachCache::Uncache, true, true)
+        .unwrap();
+    let o = t.out.text();
+    assert!(
+        o.contains(
+            "the cache device dev253:2 is not reported failed; abandoning it anyway (--force)"
+        ),
+        "{o}"
+    );
+    // Marked before the LV is removed.
+    assert_eq!(*t.host.marked.borrow(), ["/dev/vg/fast"]);
+    assert!(sb_of(&t, "/dev/vg/fast").failed());
+    assert!(t.lvm.log.borrow().contains(&"remove vg/fast".to_string()));
+    assert!(
+        o.contains("cache LV vg/fast removed, its superblock marked failed"),
+        "{o}"
+    );
+    assert!(!t
+        .log()
+        .iter()
+        .any(|l| l.contains("flush") || l.contains("cleaner")));
+
+    // --uncache needs a cache LV.
+    let t = T::new();
+    t.cached("c", 1);
+    fail_cache(&t, "c", 1, -5);
+    let e = t
+        .ctx()
+        .abandon("c", DetachCache::Uncache, true, false)
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::Usage);
 }
 
 #[test]
@@ -1168,6 +1540,74 @@ fn bad_superblock_is_never_loaded() {
     assert_eq!(e.kind, Kind::BadSuperblock);
     assert!(e.msg.contains("but the device has 131072"), "{}", e.msg);
     assert!(t.log().is_empty());
+}
+
+#[test]
+fn a_cache_marked_failed_is_formatted_only_with_format() {
+    let failed = |m: Meta| Meta {
+        flags: disk::SB_FAILED,
+        ..m
+    };
+    let t = T::new();
+    t.image("/dev/fast", &failed(Meta::new("c", FAST, SLOW).dirty(3)));
+    // Not loaded: the module refuses it too.
+    let e = create_line(&t, false).unwrap_err();
+    assert_eq!((e.kind, e.kind.exit_code()), (Kind::SbFailed, 15));
+    assert_eq!(
+        e.msg,
+        "c: cache /dev/fast: its superblock is marked failed (the cache device failed, or the cache was abandoned): the module does not load it"
+    );
+    let h = e.hint.unwrap();
+    assert!(
+        h.contains("--format formats the cache afresh")
+            && h.contains("'tiercache writeback --force --cache /dev/fast --origin ORIGIN'"),
+        "{h}"
+    );
+    assert!(t.log().is_empty());
+    // --format: its dirty blocks were given up; formatted, with a warning.
+    assert_eq!(
+        create_line(&t, true).unwrap(),
+        "load c 0 524288 tiercache 8:16 8:32 8 1 format"
+    );
+    assert!(
+        t.err.text().contains(
+            "warning: c: cache /dev/fast is marked failed; formatting it as asked (--format): its 3 dirty blocks are given up"
+        ),
+        "{}",
+        t.err.text()
+    );
+    // Of another set-up too (it was abandoned, and is reused).
+    t.image(
+        "/dev/fast",
+        &failed(Meta::new("old", FAST, 2 * SLOW).dirty(3)),
+    );
+    assert!(create_line(&t, true).unwrap().ends_with("8 1 format"));
+    let e = create_line(&t, false).unwrap_err();
+    assert_eq!(e.kind, Kind::SbFailed);
+    // Without the mark, the same dirty cache is still refused.
+    t.image("/dev/fast", &Meta::new("old", FAST, 2 * SLOW).dirty(3));
+    assert_eq!(create_line(&t, true).unwrap_err().kind, Kind::Dirty);
+
+    // At boot: refused before the origin LV is activated.
+    let t = T::new();
+    t.lvm.add(&t.host, "vg", "slow", SLOW, (253, 1), false);
+    t.lvm.add(&t.host, "vg", "fast", FAST, (253, 2), false);
+    t.host
+        .files
+        .borrow_mut()
+        .insert(CONF.into(), "a vg/slow vg/fast\n".into());
+    t.image("/dev/vg/fast", &failed(Meta::new("a", FAST, SLOW)));
+    let e = t.ctx().activate(true, &[], false).unwrap_err();
+    assert_eq!(e.kind, Kind::SbFailed);
+    assert_eq!(t.lvm.log.borrow().as_slice(), ["activate vg/fast"]);
+    assert!(
+        t.err
+            .text()
+            .contains("'tiercache activate --format a' formats"),
+        "{}",
+        t.err.text()
+    );
+    assert!(t.dm.devs.borrow().is_empty());
 }
 
 #[test]

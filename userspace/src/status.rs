@@ -5,10 +5,12 @@
 //! parser therefore requires at least the 20 fields every module prints,
 //! checks each of them strictly (a field it cannot decode is an error naming
 //! the field number, its name and the offending text), decodes the two
-//! metadata fields (21-22) when the module prints them, and keeps any
-//! further fields verbatim in `extra` without interpreting them.  Fewer than
-//! 20 fields, an unknown mode or flush state, or a malformed number is
-//! rejected.
+//! metadata fields (21-22) when the module prints them, and the failed
+//! state (23) when it prints that, just as strictly; `None` stands for a
+//! field an older module does not print.  Any further fields are kept
+//! verbatim in `extra` without being interpreted (so is a lone 21st field:
+//! the metadata fields come as a pair).  Fewer than 20 fields, an unknown
+//! mode or flush state, or a malformed number is rejected.
 
 use serde::Serialize;
 use std::fmt;
@@ -21,6 +23,8 @@ pub const TARGET_TYPE: &str = "tiercache";
 pub const NR_FIELDS: usize = 20;
 /// Fields with the metadata ones (21 meta_commits, 22 meta_error).
 pub const NR_FIELDS_META: usize = 22;
+/// Fields with the failed state (23 cache_failed).
+pub const NR_FIELDS_FAILED: usize = 23;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -127,12 +131,15 @@ pub struct Status {
     pub meta_commits: Option<u64>,
     /// 0 or the negative errno of the first failed metadata commit (22).
     pub meta_error: Option<i32>,
+    /// 0 or the negative errno of the cache device error that latched the
+    /// failed state (23; None from a module without it).
+    pub cache_failed: Option<i32>,
     /// Fields after the last one decoded, from a newer module; kept, not
     /// interpreted.
     pub extra: Vec<String>,
 }
 
-const FIELD_NAMES: [&str; NR_FIELDS_META] = [
+const FIELD_NAMES: [&str; NR_FIELDS_FAILED] = [
     "mode",
     "block_size",
     "used/total",
@@ -155,6 +162,7 @@ const FIELD_NAMES: [&str; NR_FIELDS_META] = [
     "cleaner",
     "meta_commits",
     "meta_error",
+    "cache_failed",
 ];
 
 fn kerr(msg: String) -> Error {
@@ -246,14 +254,20 @@ impl Status {
             "1" => true,
             s => return Err(field_err(19, s, "expected 0 or 1")),
         };
-        let (meta_commits, meta_error, decoded) = if f.len() >= NR_FIELDS_META {
-            (
-                Some(num_u64(20, f[20])?),
-                Some(errno_field(21, f[21])?),
-                NR_FIELDS_META,
-            )
+        let (meta_commits, meta_error) = if f.len() >= NR_FIELDS_META {
+            (Some(num_u64(20, f[20])?), Some(errno_field(21, f[21])?))
         } else {
-            (None, None, NR_FIELDS)
+            (None, None)
+        };
+        let cache_failed = if f.len() >= NR_FIELDS_FAILED {
+            Some(errno_field(22, f[22])?)
+        } else {
+            None
+        };
+        let decoded = match f.len() {
+            n if n >= NR_FIELDS_FAILED => NR_FIELDS_FAILED,
+            n if n >= NR_FIELDS_META => NR_FIELDS_META,
+            _ => NR_FIELDS,
         };
         Ok(Status {
             mode,
@@ -279,6 +293,7 @@ impl Status {
             cleaner,
             meta_commits,
             meta_error,
+            cache_failed,
             extra: f[decoded..].iter().map(|s| s.to_string()).collect(),
         })
     }
@@ -329,6 +344,11 @@ impl Status {
     /// Dirty share of all cache slots, in percent (what the watermarks use).
     pub fn dirty_pct(&self) -> f64 {
         self.dirty_blocks as f64 * 100.0 / self.total_blocks as f64
+    }
+    /// The errno of the cache device error that latched the failed state,
+    /// if the module reports one.
+    pub fn failed_errno(&self) -> Option<i32> {
+        self.cache_failed.filter(|&e| e != 0)
     }
     pub fn used_pct(&self) -> f64 {
         self.used_blocks as f64 * 100.0 / self.total_blocks as f64
@@ -452,11 +472,60 @@ mod tests {
     }
 
     #[test]
+    fn failed_state_when_present() {
+        // 20 and 22 fields: an older module, no failed state.
+        let s = Status::parse_params(&params(&[])).unwrap();
+        assert_eq!(s.cache_failed, None);
+        assert_eq!(s.failed_errno(), None);
+        let s = Status::parse_params(&format!("{} 17 0", params(&[]))).unwrap();
+        assert_eq!((s.meta_commits, s.cache_failed), (Some(17), None));
+        // 23 fields.
+        let s = Status::parse_params(&format!("{} 17 0 0", params(&[]))).unwrap();
+        assert_eq!((s.meta_error, s.cache_failed), (Some(0), Some(0)));
+        assert_eq!(s.failed_errno(), None);
+        assert!(s.extra.is_empty());
+        let s = Status::parse_params(&format!("{} 17 -5 -5", params(&[(4, "9")]))).unwrap();
+        assert_eq!((s.meta_error, s.cache_failed), (Some(-5), Some(-5)));
+        assert_eq!(s.failed_errno(), Some(-5));
+        assert_eq!(s.dirty_blocks, 9);
+        let s = Status::parse_params(&format!("{} 17 0 -28", params(&[]))).unwrap();
+        assert_eq!((s.meta_error, s.failed_errno()), (Some(0), Some(-28)));
+        // Malformed: decoded as strictly as field 22.
+        for bad in ["5", "-05", "-", "--5", "+5", "x", "-5x", "99999999999"] {
+            let e = Status::parse_params(&format!("{} 17 0 {bad}", params(&[]))).unwrap_err();
+            assert_eq!(e.kind, Kind::Kernel);
+            assert!(
+                e.msg
+                    .starts_with("status field 23 (cache_failed): cannot decode"),
+                "{bad}: {}",
+                e.msg
+            );
+        }
+    }
+
+    #[test]
+    fn documented_example_of_this_module() {
+        // docs/tiercache.rst, "Status": 23 fields.
+        let line = format!("{DOC_EXAMPLE} 5 0 0");
+        let (_, _, s) = Status::parse_line(&line).unwrap();
+        assert_eq!(
+            (s.meta_commits, s.meta_error, s.cache_failed),
+            (Some(5), Some(0), Some(0))
+        );
+        assert!(s.extra.is_empty());
+    }
+
+    #[test]
     fn extra_fields_are_kept_not_interpreted() {
-        let p = format!("{} 3 0 42 future-word", params(&[]));
+        let p = format!("{} 3 0 -5 42 future-word", params(&[]));
         let s = Status::parse_params(&p).unwrap();
         assert_eq!((s.meta_commits, s.meta_error), (Some(3), Some(0)));
+        assert_eq!(s.cache_failed, Some(-5));
         assert_eq!(s.extra, vec!["42", "future-word"]);
+        // A lone 21st field is not half of the metadata pair.
+        let s = Status::parse_params(&format!("{} 3", params(&[]))).unwrap();
+        assert_eq!((s.meta_commits, s.cache_failed), (None, None));
+        assert_eq!(s.extra, vec!["3"]);
     }
 
     #[test]
