@@ -113,12 +113,12 @@ struct bio *tc_buf_bio(struct tc_cache *c, struct tc_buf *b, size_t off,
 	return bio;
 }
 
-/* Copy the start of @b into the data pages of @bio. */
-void tc_buf_copy_to_bio(struct tc_buf *b, struct bio *bio)
+/* Copy between @b from offset @off and the data pages of @bio. */
+static void tc_buf_copy(struct tc_buf *b, size_t off, struct bio *bio,
+			bool to_bio)
 {
 	struct bvec_iter iter;
 	struct bio_vec bv;
-	size_t off = 0;
 
 	bio_for_each_segment(bv, bio, iter) {
 		unsigned int done = 0;
@@ -128,12 +128,29 @@ void tc_buf_copy_to_bio(struct tc_buf *b, struct bio *bio)
 			unsigned int in = pos % b->chunk_bytes;
 			unsigned int piece = min_t(size_t, bv.bv_len - done,
 						   b->chunk_bytes - in);
-			void *src = page_address(b->chunks[pos / b->chunk_bytes]);
+			u8 *p = (u8 *)page_address(b->chunks[pos / b->chunk_bytes]) +
+				in;
 
-			memcpy_to_page(bv.bv_page, bv.bv_offset + done,
-				       (u8 *)src + in, piece);
+			if (to_bio)
+				memcpy_to_page(bv.bv_page, bv.bv_offset + done,
+					       p, piece);
+			else
+				memcpy_from_page(p, bv.bv_page,
+						 bv.bv_offset + done, piece);
 			done += piece;
 		}
 		off += bv.bv_len;
 	}
+}
+
+/* Copy the start of @b into the data pages of @bio. */
+void tc_buf_copy_to_bio(struct tc_buf *b, struct bio *bio)
+{
+	tc_buf_copy(b, 0, bio, true);
+}
+
+/* Copy the data of @bio into @b at offset @off. */
+void tc_buf_copy_from_bio(struct tc_buf *b, size_t off, struct bio *bio)
+{
+	tc_buf_copy(b, off, bio, false);
 }

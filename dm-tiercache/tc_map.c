@@ -26,7 +26,6 @@ enum tc_action {
 	TC_TO_ORIGIN,
 	TC_CONTINUE,		/* stage set: finish in tc_io_work() */
 	TC_WAIT_WB,		/* wait for the slot's writeback request */
-	TC_KILL,		/* fail the bio */
 };
 
 static bool tc_whole_block(struct tc_cache *c, struct bio *bio)
@@ -160,10 +159,11 @@ static enum tc_action tc_write_through(struct tc_cache *c, struct bio *bio,
 
 /*
  * The cache device failed: writes go to the origin, and the cached copy is
- * dropped.  A dirty copy goes only for a whole-block write (the rest of
- * the block is only in the failed cache: a partial write fails), and only
- * once no writeback request of it is still writing (its older copy must
- * not land on the origin after this write).  As in the good state, the
+ * dropped.  A write that covers part of a dirty block writes the whole
+ * block, read from its slot and merged (tc_rmw_read()): it fails if the
+ * slot cannot be read, the rest of the block being only there.  A dirty
+ * copy goes only once no writeback request of it is still writing (its
+ * older copy must not land on the origin after this write).  As in the good state, the
  * write is durable only once a commit has recorded the dropped entry
  * (tc_around_needs_commit(), tc_map_flush()): until the cache device
  * takes commits again, FUA writes and flushes after such a drop fail.
@@ -180,14 +180,13 @@ static enum tc_action tc_write_failed(struct tc_cache *c, struct bio *bio,
 	}
 	if (slot == TC_SLOT_NONE)
 		return TC_TO_ORIGIN;
-	if (tc_slot_dirty(c, slot) && !tc_whole_block(c, bio)) {
-		DMERR_LIMIT("%s: partial write to block %llu, dirty in the failed cache: I/O error",
-			    c->name, block);
-		return TC_KILL;
-	}
 	pb->slot = slot;
 	if (tc_slot_in_wb(c, slot))
 		return TC_WAIT_WB;
+	if (tc_slot_dirty(c, slot) && !tc_whole_block(c, bio)) {
+		pb->stage = TC_ST_RMW;
+		return TC_CONTINUE;
+	}
 	tc_remove(c, slot);
 	return TC_TO_ORIGIN;
 }
@@ -323,8 +322,6 @@ static int tc_dispatch(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 	case TC_WAIT_WB:
 		tc_wait_wb(c, bio, pb);
 		return DM_MAPIO_SUBMITTED;
-	case TC_KILL:
-		break;
 	}
 	/* no end_io follows a bio the map function kills: unlock it here */
 	pb->locked = false;
@@ -547,6 +544,12 @@ static void tc_pb_put(struct tc_bio *pb)
 	case TC_ST_FUA:
 		pb->stage = TC_ST_FUA_DONE;
 		break;
+	case TC_ST_RMW:
+		pb->stage = TC_ST_RMW_WRITE;
+		break;
+	case TC_ST_RMW_WRITE:
+		pb->stage = TC_ST_RMW_DONE;
+		break;
 	default:
 		pb->stage = TC_ST_PROMOTE_DONE;
 		break;
@@ -760,6 +763,58 @@ static void tc_fua_done(struct tc_cache *c, struct bio *bio,
 }
 
 /*
+ * A failed cache, a write to part of a dirty block: the block is read from
+ * its slot into a buffer of the target's own.
+ */
+static void tc_rmw_read(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
+{
+	if (tc_buf_alloc(NULL, &pb->buf, tc_block_bytes(c))) {
+		bio->bi_status = BLK_STS_RESOURCE;
+		bio_endio(bio);
+		return;
+	}
+	tc_submit_buf(c, pb, c->cache_bdev, tc_slot_sector(c, pb->slot),
+		      REQ_OP_READ);
+}
+
+/* The slot was read: the write goes into it, the whole block to the origin. */
+static void tc_rmw_write(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
+{
+	sector_t first = pb->block << c->block_shift;
+
+	if (pb->cache_status) {
+		DMERR_LIMIT("%s: partial write to block %llu, unreadable in the failed cache: I/O error",
+			    c->name, pb->block);
+		tc_buf_free(NULL, &pb->buf);
+		bio->bi_status = BLK_STS_IOERR;
+		bio_endio(bio);
+		return;
+	}
+	tc_buf_copy_from_bio(&pb->buf,
+			     (bio->bi_iter.bi_sector - first) << SECTOR_SHIFT,
+			     bio);
+	tc_submit_buf(c, pb, c->origin_bdev, first,
+		      REQ_OP_WRITE | (pb->fua ? REQ_FUA : 0));
+}
+
+/*
+ * The block is on the origin: its dirty copy goes (a FUA write is durable
+ * once a commit recorded that, as for any write around the cache).
+ */
+static void tc_rmw_done(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
+{
+	tc_buf_free(NULL, &pb->buf);
+	if (!pb->status) {
+		if (tc_lookup(c, pb->block) == pb->slot)
+			tc_remove(c, pb->slot);
+		if (tc_around_needs_commit(c, pb) && tc_meta_commit(c))
+			pb->status = BLK_STS_IOERR;
+	}
+	bio->bi_status = pb->status;
+	bio_endio(bio);
+}
+
+/*
  * A FUA write around the cache while dropped slots wait for a commit:
  * the commit first (the write holds its block, so no stale entry of the
  * block appears meanwhile), then the origin.
@@ -784,6 +839,15 @@ static void tc_process(struct tc_cache *c, struct bio *bio)
 		break;
 	case TC_ST_AGAIN:
 		tc_again(c, bio, pb);
+		break;
+	case TC_ST_RMW:
+		tc_rmw_read(c, bio, pb);
+		break;
+	case TC_ST_RMW_WRITE:
+		tc_rmw_write(c, bio, pb);
+		break;
+	case TC_ST_RMW_DONE:
+		tc_rmw_done(c, bio, pb);
 		break;
 	case TC_ST_BOTH:
 		tc_issue_both(c, bio, pb);

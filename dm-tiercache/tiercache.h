@@ -318,6 +318,11 @@ enum tc_stage {
 	TC_ST_TO_ORIGIN,	/* cache failed: to the origin instead */
 	TC_ST_AROUND_FUA,	/* locked: commit, then to the origin */
 	TC_ST_AGAIN,		/* locked: through the dispatcher again */
+	TC_ST_RMW,		/* failed cache, partial write to a dirty
+				 * block: read the block from its slot
+				 */
+	TC_ST_RMW_WRITE,	/* slot read ended: the block to the origin */
+	TC_ST_RMW_DONE,		/* origin write ended: drop the slot */
 };
 
 struct tc_bio {
@@ -414,5 +419,6 @@ struct bio *tc_buf_bio(struct tc_cache *c, struct tc_buf *b, size_t off,
 		       size_t *len, struct block_device *bdev, sector_t sector,
 		       blk_opf_t opf);
 void tc_buf_copy_to_bio(struct tc_buf *b, struct bio *bio);
+void tc_buf_copy_from_bio(struct tc_buf *b, size_t off, struct bio *bio);
 
 #endif /* DM_TIERCACHE_H */
