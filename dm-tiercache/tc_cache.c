@@ -92,7 +92,6 @@ static int tc_cache_setup(struct tc_cache *c)
 	bio_list_init(&c->deferred);
 	bio_list_init(&c->discards);
 	bio_list_init(&c->wb_wait);
-	INIT_WORK(&c->fail_work, tc_cache_fail_work);
 	INIT_WORK(&c->io_work, tc_io_work);
 	INIT_WORK(&c->discard_work, tc_discard_work);
 	mutex_init(&c->ctl_lock);
@@ -116,6 +115,8 @@ static struct tc_cache *tc_cache_alloc(struct tc_target *t,
 	if (!c)
 		return NULL;
 	refcount_set(&c->ref, 1);
+	/* before anything can fail: tc_cache_destroy() flushes it */
+	INIT_WORK(&c->fail_work, tc_cache_fail_work);
 	c->creating = true;
 	c->md = md;
 	strscpy(c->name, dm_device_name(md), sizeof(c->name));

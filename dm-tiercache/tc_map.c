@@ -159,11 +159,12 @@ static enum tc_action tc_write_through(struct tc_cache *c, struct bio *bio,
 
 /*
  * The cache device failed: writes go to the origin, and the cached copy is
- * dropped.  A write that covers part of a dirty block writes the whole
- * block, read from its slot and merged (tc_rmw_read()): it fails if the
- * slot cannot be read, the rest of the block being only there.  A dirty
- * copy goes only once no writeback request of it is still writing (its
- * older copy must not land on the origin after this write).  As in the good state, the
+ * dropped.  A dirty copy is dropped only once the origin holds the whole
+ * block durably (a commit could record the drop at once): the write goes
+ * with REQ_FUA, and a write that covers part of the block first reads the
+ * rest from its slot (tc_rmw_read()), failing if the slot cannot be read.
+ * And only once no writeback request of it is still writing (its older
+ * copy must not land on the origin after this write).  As in the good state, the
  * write is durable only once a commit has recorded the dropped entry
  * (tc_around_needs_commit(), tc_map_flush()): until the cache device
  * takes commits again, FUA writes and flushes after such a drop fail.
@@ -183,8 +184,9 @@ static enum tc_action tc_write_failed(struct tc_cache *c, struct bio *bio,
 	pb->slot = slot;
 	if (tc_slot_in_wb(c, slot))
 		return TC_WAIT_WB;
-	if (tc_slot_dirty(c, slot) && !tc_whole_block(c, bio)) {
-		pb->stage = TC_ST_RMW;
+	if (tc_slot_dirty(c, slot)) {
+		pb->stage = tc_whole_block(c, bio) ? TC_ST_DROP_WRITE :
+						     TC_ST_RMW;
 		return TC_CONTINUE;
 	}
 	tc_remove(c, slot);
@@ -262,9 +264,8 @@ static bool tc_around_needs_commit(struct tc_cache *c, struct tc_bio *pb)
  */
 static void tc_wait_wb(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 {
-	unsigned long flags;
-
 	u32 slot = pb->slot;	/* once parked, the bio may be gone */
+	unsigned long flags;
 
 	pb->stage = TC_ST_AGAIN;
 	spin_lock_irqsave(&c->defer_lock, flags);
@@ -323,6 +324,7 @@ static int tc_dispatch(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 		tc_wait_wb(c, bio, pb);
 		return DM_MAPIO_SUBMITTED;
 	}
+	WARN_ON_ONCE(1);	/* not reached */
 	/* no end_io follows a bio the map function kills: unlock it here */
 	pb->locked = false;
 	tc_unlock(&c->locks, &pb->holder);
@@ -545,10 +547,10 @@ static void tc_pb_put(struct tc_bio *pb)
 		pb->stage = TC_ST_FUA_DONE;
 		break;
 	case TC_ST_RMW:
-		pb->stage = TC_ST_RMW_WRITE;
+		pb->stage = TC_ST_DROP_WRITE;
 		break;
-	case TC_ST_RMW_WRITE:
-		pb->stage = TC_ST_RMW_DONE;
+	case TC_ST_DROP_WRITE:
+		pb->stage = TC_ST_DROP_DONE;
 		break;
 	default:
 		pb->stage = TC_ST_PROMOTE_DONE;
@@ -664,6 +666,36 @@ static void tc_issue_both(struct tc_cache *c, struct bio *bio,
 			tc_cache_sector(c, pb->slot, sector), bio->bi_opf);
 }
 
+/* Carry out a DM_MAPIO_* decision taken in process context. */
+static void tc_mapped(struct bio *bio, int r)
+{
+	switch (r) {
+	case DM_MAPIO_REMAPPED:
+		dm_submit_bio_remap(bio, NULL);
+		break;
+	case DM_MAPIO_KILL:
+		bio_io_error(bio);
+		break;
+	}
+}
+
+/*
+ * A bio that holds its block's lock goes through the dispatcher again, as
+ * it was mapped: a write parked for its slot's writeback, or one whose
+ * cache write failed, which the failed cache now sends around it
+ * (tc_write_failed()).
+ */
+static void tc_again(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
+{
+	pb->stage = TC_ST_NEW;
+	pb->again = true;
+	pb->to_cache = false;
+	pb->cache_status = BLK_STS_OK;
+	bio->bi_iter = pb->iter;
+	bio->bi_status = BLK_STS_OK;
+	tc_mapped(bio, tc_dispatch(c, bio, pb));
+}
+
 /*
  * A clean copy must equal the origin: if either write failed it is
  * dropped.  A dirty block stays dirty (its cache copy is the newest data);
@@ -681,11 +713,10 @@ static void tc_both_done(struct tc_cache *c, struct bio *bio,
 			      "write");
 	if (slot != TC_SLOT_NONE && !dirty && (pb->status || pb->cache_status))
 		tc_remove(c, slot);
-	/* the origin holds the whole block's new data: drop the dirty copy */
-	if (dirty && pb->cache_status && !pb->status &&
-	    tc_whole_block(c, bio)) {
-		tc_remove(c, slot);
-		dirty = false;
+	/* a dirty block's copy failed: the failed cache sends it around */
+	if (dirty && pb->cache_status && !pb->status) {
+		tc_again(c, bio, pb);
+		return;
 	}
 	if (dirty && pb->cache_status)
 		pb->status = pb->cache_status;
@@ -715,36 +746,6 @@ static void tc_promote_done(struct tc_cache *c, struct bio *bio,
 	bio_endio(bio);
 }
 
-/* Carry out a DM_MAPIO_* decision taken in process context. */
-static void tc_mapped(struct bio *bio, int r)
-{
-	switch (r) {
-	case DM_MAPIO_REMAPPED:
-		dm_submit_bio_remap(bio, NULL);
-		break;
-	case DM_MAPIO_KILL:
-		bio_io_error(bio);
-		break;
-	}
-}
-
-/*
- * A bio that holds its block's lock goes through the dispatcher again, as
- * it was mapped: a write parked for its slot's writeback, or one whose
- * cache write failed, which the failed cache now sends around it (or fails,
- * if it covers part of a dirty block).
- */
-static void tc_again(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
-{
-	pb->stage = TC_ST_NEW;
-	pb->again = true;
-	pb->to_cache = false;
-	pb->cache_status = BLK_STS_OK;
-	bio->bi_iter = pb->iter;
-	bio->bi_status = BLK_STS_OK;
-	tc_mapped(bio, tc_dispatch(c, bio, pb));
-}
-
 /* A FUA write is in the cache: record it, complete after a commit. */
 static void tc_fua_done(struct tc_cache *c, struct bio *bio,
 			struct tc_bio *pb)
@@ -769,6 +770,8 @@ static void tc_fua_done(struct tc_cache *c, struct bio *bio,
 static void tc_rmw_read(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 {
 	if (tc_buf_alloc(NULL, &pb->buf, tc_block_bytes(c))) {
+		DMERR_LIMIT("%s: no memory to merge a partial write to block %llu",
+			    c->name, pb->block);
 		bio->bi_status = BLK_STS_RESOURCE;
 		bio_endio(bio);
 		return;
@@ -777,11 +780,22 @@ static void tc_rmw_read(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 		      REQ_OP_READ);
 }
 
-/* The slot was read: the write goes into it, the whole block to the origin. */
-static void tc_rmw_write(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
+/*
+ * A failed cache, a write to a dirty block: the whole block goes to the
+ * origin, durable when it completes (merged into the slot's data first if
+ * the write covers part of it).
+ */
+static void tc_drop_write(struct tc_cache *c, struct bio *bio,
+			  struct tc_bio *pb)
 {
 	sector_t first = pb->block << c->block_shift;
+	blk_opf_t opf = REQ_OP_WRITE | REQ_FUA | (bio->bi_opf & REQ_SYNC);
 
+	if (!pb->buf.chunks) {
+		atomic_set(&pb->pending, 1);
+		tc_submit_clone(c, bio, c->origin_bdev, first, opf);
+		return;
+	}
 	if (pb->cache_status) {
 		DMERR_LIMIT("%s: partial write to block %llu, unreadable in the failed cache: I/O error",
 			    c->name, pb->block);
@@ -793,15 +807,16 @@ static void tc_rmw_write(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 	tc_buf_copy_from_bio(&pb->buf,
 			     (bio->bi_iter.bi_sector - first) << SECTOR_SHIFT,
 			     bio);
-	tc_submit_buf(c, pb, c->origin_bdev, first,
-		      REQ_OP_WRITE | (pb->fua ? REQ_FUA : 0));
+	tc_submit_buf(c, pb, c->origin_bdev, first, opf);
 }
 
 /*
- * The block is on the origin: its dirty copy goes (a FUA write is durable
- * once a commit recorded that, as for any write around the cache).
+ * The block is durable on the origin: its dirty copy goes.  A FUA write is
+ * durable once a commit recorded that (a crash would bring the older copy
+ * back over it), as for any write around the cache.
  */
-static void tc_rmw_done(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
+static void tc_drop_done(struct tc_cache *c, struct bio *bio,
+			 struct tc_bio *pb)
 {
 	tc_buf_free(NULL, &pb->buf);
 	if (!pb->status) {
@@ -843,11 +858,11 @@ static void tc_process(struct tc_cache *c, struct bio *bio)
 	case TC_ST_RMW:
 		tc_rmw_read(c, bio, pb);
 		break;
-	case TC_ST_RMW_WRITE:
-		tc_rmw_write(c, bio, pb);
+	case TC_ST_DROP_WRITE:
+		tc_drop_write(c, bio, pb);
 		break;
-	case TC_ST_RMW_DONE:
-		tc_rmw_done(c, bio, pb);
+	case TC_ST_DROP_DONE:
+		tc_drop_done(c, bio, pb);
 		break;
 	case TC_ST_BOTH:
 		tc_issue_both(c, bio, pb);

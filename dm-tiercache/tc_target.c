@@ -19,8 +19,7 @@ static void tc_dtr(struct dm_target *ti)
 		return;
 	tc_cache_release_hold(t);
 	if (t->c) {
-		if (READ_ONCE(t->c->owner) == ti)
-			WRITE_ONCE(t->c->owner, NULL);
+		cmpxchg(&t->c->owner, ti, NULL);
 		/* an event of the failed state may still be raising on @ti */
 		flush_work(&t->c->fail_work);
 		tc_cache_put(t->c);

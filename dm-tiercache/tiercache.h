@@ -321,8 +321,10 @@ enum tc_stage {
 	TC_ST_RMW,		/* failed cache, partial write to a dirty
 				 * block: read the block from its slot
 				 */
-	TC_ST_RMW_WRITE,	/* slot read ended: the block to the origin */
-	TC_ST_RMW_DONE,		/* origin write ended: drop the slot */
+	TC_ST_DROP_WRITE,	/* failed cache, dirty block: the whole
+				 * block to the origin (FUA)
+				 */
+	TC_ST_DROP_DONE,	/* origin write ended: drop the slot */
 };
 
 struct tc_bio {
@@ -343,7 +345,9 @@ struct tc_bio {
 	blk_status_t status;
 	blk_status_t cache_status;
 	struct bvec_iter iter;		/* as mapped, to send it again */
-	struct tc_buf buf;		/* promotion: the target's own copy */
+	struct tc_buf buf;		/* promotion, merge of a partial write:
+					 * the target's own copy of a block
+					 */
 	struct tc_range range;
 	bool again;			/* dispatched again: counted once */
 };
