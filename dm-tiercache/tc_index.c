@@ -350,9 +350,10 @@ void tc_remove(struct tc_cache *c, u32 slot)
 }
 
 /*
- * The block was written in the cache: newer than the origin.  -ENOSPC if
- * a clean slot cannot be queued now: it stays clean, and the caller writes
- * the origin too.
+ * The block is being written in the cache: newer than the origin.  -ENOSPC
+ * if a clean slot cannot be queued now: it stays clean, and the caller
+ * writes the origin too.  The caller records a clean slot dirty in the
+ * metadata once the data is written (tc_meta_set()).
  */
 int tc_mark_dirty(struct tc_cache *c, u32 slot)
 {
@@ -366,8 +367,6 @@ int tc_mark_dirty(struct tc_cache *c, u32 slot)
 	 */
 	if (tc_slot_in_wb(c, slot))
 		tc_slot_set(&c->ix.sl, slot, TC_SF_REWRITTEN);
-	/* the slot holds this block already: safe to record before the data */
-	tc_meta_set(c, slot, true);
 	return 0;
 }
 

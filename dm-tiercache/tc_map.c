@@ -218,6 +218,12 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 		pb->was_clean = !tc_slot_dirty(c, slot);
 		if (tc_mark_dirty(c, slot))
 			return tc_write_through(c, bio, pb, slot);
+		/*
+		 * A clean copy is recorded dirty once the data is there, as a
+		 * new slot is: a failed write then leaves no entry that a crash
+		 * could bring back (tc_meta_stale()).
+		 */
+		pb->meta_new = pb->was_clean;
 		return tc_write_cache(c, bio, pb);
 	}
 	tc_count(c, TC_S_WRITE_MISS);
