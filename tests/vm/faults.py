@@ -272,7 +272,7 @@ def dd_write(path, off, data, sync="fsync", timeout=30, check=True, *, prefix):
 def superblock(cache):
     sb = tcdisk.decode_sb(tclib.read_direct(cache, 0, B))
     return {"seq": sb.commit_seq, "slots": sb.nr_slots, "data_start": sb.data_start,
-            "gen": sb.gen}
+            "gen": sb.gen, "failed": sb.failed}
 
 
 def committed_dirty(cache):

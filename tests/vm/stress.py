@@ -590,9 +590,49 @@ class Control(threading.Thread):
     def close_fault(self):
         what = self.fault[0]
         self.swap(what, self.st.healthy[what])
+        if what == "cache":
+            self.recover_failed_cache()
         with self.st.wlock:
             self.st.windows[-1][1] = time.monotonic()
         self.fault = None
+
+    def recover_failed_cache(self):
+        """A cache device that failed during the window latched the failed
+        state (status field 23), which lasts (docs/tiercache.rst, "Failure
+        handling"): recover as an administrator would, the window still
+        open (writes to dirty blocks may fail until then).  Flush until
+        nothing is dirty (the healed device reads again), then build a new
+        cache state: a linear table of the origin, then the tiercache
+        table again, with `format` if the superblock was marked failed."""
+        st = self.st
+        d = self.status()
+        if not d["cache_failed"]:
+            return
+        self.counts["failed_recoveries"] += 1
+        deadline = time.monotonic() + self.st.args.deadline
+        while True:
+            self.message("flush")
+            d = self.status()
+            while d["flush_state"] != "idle" or (d["dirty"] and not d["error"]):
+                if time.monotonic() > deadline:
+                    raise Failure("hang", f"step {self.steps}: the failed cache does not "
+                                  f"flush after its device healed: {d['raw']}")
+                time.sleep(0.2)
+                d = self.status()
+            if not d["dirty"]:
+                break
+            time.sleep(0.5)
+        t = self.tc("table", st.tc_name).stdout.strip()
+        self.tc("suspend", st.tc_name)
+        self.tc("load", st.tc_name, "--table", f"0 {st.nsect} linear {st.origin_path} 0")
+        self.tc("resume", st.tc_name)
+        self.tc("suspend", st.tc_name)
+        if self.tc("load", st.tc_name, "--table", t, check=False).returncode:
+            w = t.split()
+            w[6:7] = [str(int(w[6]) + 1), "format"]
+            self.tc("load", st.tc_name, "--table", " ".join(w))
+            self.counts["failed_formats"] += 1
+        self.tc("resume", st.tc_name)
 
     def step(self):
         r = self.rng

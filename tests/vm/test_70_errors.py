@@ -95,11 +95,14 @@ def test_cache_write_error(stack):
     on the origin, nothing is dirty and no slot is kept (the same through
     the FUA path).  A discard of dirty blocks must commit before it ends:
     that commit fails, so the discard fails with EIO; status field 22
-    latches the error, field 21 stops counting.
-    Healed, writes and commits work again and a flush puts exactly the
-    acknowledged data on the origin.  The origin can discard (null_blk):
-    over one that cannot, a discard keeps the dirty copies and commits
-    nothing."""
+    latches the error, field 21 stops counting.  The first failed write
+    latched the failed state (field 23): the next flush fails, reporting
+    the dirty blocks at risk.
+    Healed, the state stays failed: writes go around the cache (a rewrite
+    of a dirty block drops it), commits work again, and a flush puts
+    exactly the acknowledged data on the origin.  The origin can discard
+    (null_blk): over one that cannot, a discard keeps the dirty copies and
+    commits nothing."""
     ram = stack.nullb(32, discard=True)
     m = tclib.seeded_origin(ram, seed=181)
     cram = stack.ram(16 * MiB)
@@ -138,6 +141,8 @@ def test_cache_write_error(stack):
     assert st["dirty"] == 40, f"a failed write to a fresh slot left it dirty: {st['raw']}"
     assert st["used"] == used, f"a failed write to a fresh slot kept its slot: {st['raw']}"
     assert st["write_bypass"] == bypass + 4, st["raw"]
+    assert st["cache_failed"] == -errno.EIO, \
+        f"failed state not latched: {st['raw']}"
     m.verify_device(tc.path, what="after writes around the failed cache")
     m.verify_device(ram, what="origin after writes around the failed cache",
                     start=500 * B, end=502 * B)
@@ -156,12 +161,15 @@ def test_cache_write_error(stack):
 
     cdev.suspend()
     cdev.reload(healthy)
+    used = tc.status()["used"]
     with tclib.Workload(tc.path, m, seed=183) as wl:
         for b in (500, 501, 777, 100, 2000, 101, 102, 103):
             wl.write_direct(b * B, B)
     _fsync(tc.path)
     st = tc.status()
-    assert st["dirty"] == 44 and st["meta_commits"] > commits, st["raw"]
+    # still failed: nothing new cached, dirty block 100 dropped and written around
+    assert st["dirty"] == 36 and st["used"] < used, st["raw"]
+    assert st["meta_commits"] > commits, st["raw"]
     assert st["meta_error"] == -errno.EIO, f"the latch went away: {st['raw']}"
     m.verify_device(tc.path, what="healed cache")
     st = tc.flush()

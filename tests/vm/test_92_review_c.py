@@ -154,7 +154,9 @@ def test_fua_write_after_stale_dirty_slot_drop_is_durable(stack, variant):
     Crash right after the acknowledgement (the cache device drops every
     write from then on), load the cache without `format`: X must read
     what the origin holds (V2, with the FUA bytes), not V1 from the stale
-    dirty entry of S; or the FUA write must have failed."""
+    dirty entry of S; or the FUA write must have failed.  The failed
+    commit latched the failed state and marked the superblock: then the
+    load must be refused, and the origin alone must hold that data."""
     origin = stack.ram(32 * MiB)
     m = tclib.seeded_origin(origin, seed=9201)
     cram = stack.ram(8 * MiB)
@@ -216,6 +218,18 @@ def test_fua_write_after_stale_dirty_slot_drop_is_durable(stack, variant):
     tc.remove()
     swap(cdev, healthy)
     on_disk = committed_dirty(cdev.path)
+    if superblock(cdev.path)["failed"]:
+        table = tclib.TierCache.make_table(origin, cdev.path, 8, "writeback", keys,
+                                           fmt=False)
+        p = tclib.run(["dmsetup", "create", f"tcc1-re-{variant[:2]}", "--table", table],
+                      check=False, timeout=60)
+        assert p.returncode != 0, "a cache whose superblock is marked failed was loaded"
+        got = tclib.read_direct(origin, X * B, B)
+        if err:
+            assert got in (v1, v2, want), "the origin holds none of the versions written"
+        else:
+            tclib.compare(want, got, X * B, "origin after the crash (cache refused)")
+        return
     tc2 = stack.tiercache(origin, cdev.path, 8, "writeback", keys, fmt=False)
     st2 = tc2.status()
     got = tclib.read_direct(tc2.path, X * B, B)

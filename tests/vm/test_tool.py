@@ -494,3 +494,64 @@ def test_flush_without_wait_returns_at_once(res):
     assert p.stdout == "tct7: flush started\n"
     tool("flush", "--wait", "--quiet", "tct7")
     tool("remove", "tct7")
+
+
+def write_direct(path, data, offset):
+    """O_DIRECT write, no fsync (the caller decides what a flush means)."""
+    import mmap
+    buf = mmap.mmap(-1, len(data))
+    buf[:] = data
+    fd = os.open(path, os.O_WRONLY | os.O_DIRECT)
+    try:
+        assert os.pwrite(fd, memoryview(buf), offset) == len(data)
+    finally:
+        os.close(fd)
+        buf.close()
+
+
+@pytest.mark.usefixtures("tc_module")
+def test_failed_cache_status_and_abandon(res):
+    """The cache device (a dm-linear over a loop device) dies under a
+    device holding 1 MiB dirty: `status` shows FAILED and the way out;
+    `detach --abandon` is refused before the failure, then (with --yes)
+    swaps in the linear mapping of the origin without a flush, saying
+    how many dirty blocks are lost, and marks the cache device's
+    superblock; `check` and `create` then refuse that device (exit 15)
+    until `create --format`."""
+    origin, cloop = res.loop(32 * MiB), res.loop(8 * MiB)
+    n = int(sh(["blockdev", "--getsz", cloop]).stdout)
+    cache = res.dm(f"tct9c-{os.getpid()}", f"0 {n} linear {cloop} 0")
+    cname = Path(cache).name
+    res.cached("tct9", origin, cache, "--high-watermark", "100", "--low-watermark", "0")
+    dev = "/dev/mapper/tct9"
+    data = hashlib.shake_256(b"tct9-dirty").digest(MiB)
+    write_direct(dev, data, 0)
+    assert status_json("tct9")["status"]["dirty_blocks"] == 256
+    p = tool("detach", "--abandon", "--yes", "tct9", rc=5)
+    assert "has not failed" in p.stderr, p.stderr
+
+    sh(["dmsetup", "suspend", cname])
+    sh(["dmsetup", "load", cname, "--table", f"0 {n} error"])
+    sh(["dmsetup", "resume", cname])
+    later = hashlib.shake_256(b"tct9-later").digest(256 * KiB)
+    write_direct(dev, later, 4 * MiB)           # fails in the cache: latches
+    st = status_json("tct9")
+    assert st["status"]["cache_failed"] == -5, st
+    p = tool("status", "tct9")
+    assert "FAILED" in p.stdout and "--abandon" in p.stdout, p.stdout
+
+    # healed before the way out, so that the mark can be written
+    sh(["dmsetup", "suspend", cname])
+    sh(["dmsetup", "load", cname, "--table", f"0 {n} linear {cloop} 0"])
+    sh(["dmsetup", "resume", cname])
+    p = tool("detach", "--abandon", "--yes", "tct9")
+    assert "FAILED" in p.stdout and "256 dirty blocks" in p.stdout, p.stdout
+    assert dm_table("tct9").split()[2] == "linear", dm_table("tct9")
+    assert read_back(dev, MiB) == bytes(MiB), "abandoned dirty data reached the origin"
+    assert read_back(dev, 256 * KiB, 4 * MiB) == later, "a write around the failed cache is lost"
+    tool("remove", "tct9")
+    tool("check", cache, rc=15)
+    p = tool("create", "tct9", origin, cache, rc=15)
+    res.cached("tct9", origin, cache, "--format")
+    assert status_json("tct9")["status"]["cache_failed"] == 0
+    assert read_back(dev, 256 * KiB, 4 * MiB) == later
