@@ -140,6 +140,9 @@ pub struct FakeDev {
     pub sim: Option<Sim>,
 }
 
+/// Something done to the fake device-mapper at a given moment.
+pub type DmHook = Box<dyn FnOnce(&FakeDm)>;
+
 #[derive(Default)]
 pub struct FakeDm {
     pub devs: RefCell<BTreeMap<String, FakeDev>>,
@@ -152,6 +155,21 @@ pub struct FakeDm {
     pub bad_status: RefCell<Option<String>>,
     /// This many removes fail with EBUSY (a udev probe holding the device).
     pub busy_removes: Cell<u32>,
+    /// The next table load fails (whatever the table).
+    pub fail_load: Cell<bool>,
+    /// The next suspend fails (the device stays as it was).
+    pub fail_suspend: Cell<bool>,
+    /// The next resume fails: `Some(true)` after swapping in the inactive
+    /// table (the device stays suspended with it, as when the kernel's
+    /// dm_resume fails), `Some(false)` before (the swap failed: the
+    /// inactive table is dropped, the device stays suspended with its
+    /// old table).
+    pub fail_resume: Cell<Option<bool>>,
+    /// Status reads of a suspended device fail.
+    pub fail_status_suspended: Cell<bool>,
+    /// Run at the next suspend, before the device is suspended: what
+    /// changes while the administrator is asked, say.
+    pub before_suspend: RefCell<Option<DmHook>>,
 }
 
 impl FakeDm {
@@ -233,6 +251,9 @@ impl Dm for FakeDm {
     fn status(&self, name: &str) -> Result<Vec<Target>> {
         let mut devs = self.devs.borrow_mut();
         let d = devs.get_mut(name).ok_or_else(|| Self::nodev(name))?;
+        if d.info.suspended && self.fail_status_suspended.get() {
+            return Err(failure(format!("{name}: status: Input/output error")));
+        }
         let Some(t) = d.table.first().cloned() else {
             return Ok(vec![]);
         };
@@ -288,6 +309,9 @@ impl Dm for FakeDm {
                 .collect::<Vec<_>>()
                 .join(";")
         ));
+        if self.fail_load.replace(false) {
+            return Err(failure(format!("{name}: table load failed: ENOMEM")));
+        }
         if targets.iter().any(|t| t.ttype == TARGET_TYPE) && self.reject_tiercache.get() {
             return Err(Error::new(
                 Kind::Failure,
@@ -312,6 +336,13 @@ impl Dm for FakeDm {
             "suspend {name}{}",
             if flush { "" } else { " noflush" }
         ));
+        let hook = self.before_suspend.borrow_mut().take();
+        if let Some(f) = hook {
+            f(self);
+        }
+        if self.fail_suspend.replace(false) {
+            return Err(failure(format!("{name}: suspend: Input/output error")));
+        }
         let mut devs = self.devs.borrow_mut();
         devs.get_mut(name)
             .ok_or_else(|| Self::nodev(name))?
@@ -323,6 +354,11 @@ impl Dm for FakeDm {
         self.log(format!("resume {name}"));
         let mut devs = self.devs.borrow_mut();
         let d = devs.get_mut(name).ok_or_else(|| Self::nodev(name))?;
+        let fail = self.fail_resume.take();
+        if fail == Some(false) {
+            d.inactive = None;
+            return Err(failure(format!("{name}: resume: Invalid argument")));
+        }
         if let Some(t) = d.inactive.take() {
             if let Some(first) = t.first() {
                 if first.ttype == TARGET_TYPE {
@@ -337,6 +373,9 @@ impl Dm for FakeDm {
                 }
             }
             d.table = t;
+        }
+        if fail == Some(true) {
+            return Err(failure(format!("{name}: resume: Input/output error")));
         }
         d.info.suspended = false;
         Ok(())

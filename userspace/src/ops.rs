@@ -1931,13 +1931,25 @@ impl<'a> Ctx<'a> {
         self.load_linear(&cd)?;
         if let Err(e) = self.dm.suspend(name, true) {
             let _ = self.dm.clear_inactive(name);
-            return Err(e);
+            return Err(e.hint(format!(
+                "{name} was not abandoned: its cache stays attached"
+            )));
         }
-        // Suspended: what is dirty now is what is lost.
-        let lost = self
-            .refresh(name)
-            .map(|(_, s)| s.dirty_blocks)
-            .unwrap_or(st.dirty_blocks);
+        // Suspended: nothing changes any more.  What was confirmed must
+        // still hold; what is dirty now is what is lost.
+        let lost = match self.recheck_abandon(&cd, force) {
+            Ok(s) => s.dirty_blocks,
+            Err(e) => {
+                let _ = self.dm.clear_inactive(name);
+                return Err(match self.dm.resume(name) {
+                    Ok(()) => e,
+                    Err(r) => e.hint(format!(
+                        "resuming it failed too ({}): the device may be left suspended, with its cache table; try 'dmsetup resume {name}'",
+                        r.msg
+                    )),
+                });
+            }
+        };
         if let Err(e) = self.dm.resume(name) {
             return Err(e.hint(format!(
                 "the device may be left suspended, with the linear table loaded; try 'dmsetup resume {name}'"
@@ -1963,6 +1975,119 @@ impl<'a> Ctx<'a> {
             &format!("{lost_note}; {lv_note}, {mark_note}"),
             &warn,
         )
+    }
+
+    /// After the suspend of `abandon`: the device must still be the one
+    /// the administrator confirmed: same device-mapper device (number and
+    /// uuid), a tiercache table of the same range over the same origin and
+    /// cache devices, the cache still reported failed (unless `force`), no
+    /// more dirty blocks than the count confirmed.  Returns its status, or
+    /// why not (a status read failure included): the caller then drops the
+    /// linear table and resumes.
+    fn recheck_abandon(&self, cd: &CacheDev, force: bool) -> Result<Status> {
+        let name = &cd.info.name;
+        let changed = |what: String| {
+            failure(format!(
+                "{name}: not abandoned: {what} since the confirmation; the cache stays attached"
+            ))
+            .hint(format!(
+                "see 'tiercache status {name}', and run the command again if {name} is still to be abandoned"
+            ))
+        };
+        let not_read = |e: Error| {
+            let msg = format!(
+                "{name}: not abandoned: cannot read it back once suspended ({}); the cache stays attached",
+                e.msg
+            );
+            Error { msg, ..e }
+        };
+        let info = self
+            .dm
+            .info(name)
+            .map_err(not_read)?
+            .ok_or_else(|| changed("the device disappeared".into()))?;
+        if info.devno != cd.info.devno {
+            return Err(changed(format!(
+                "the device was replaced (device number {}:{}, was {}:{})",
+                info.devno.0, info.devno.1, cd.info.devno.0, cd.info.devno.1
+            )));
+        }
+        if info.uuid != cd.info.uuid {
+            let u = |u: &Option<String>| u.clone().unwrap_or_else(|| "none".into());
+            return Err(changed(format!(
+                "its device-mapper uuid changed (now {}, was {})",
+                u(&info.uuid),
+                u(&cd.info.uuid)
+            )));
+        }
+        let table = self.dm.table(name).map_err(not_read)?;
+        let spec = match table.as_slice() {
+            [t] if t.ttype == TARGET_TYPE => TableSpec::parse_params(&t.params)
+                .map_err(|e| not_read(e.context(name)))
+                .map(|spec| (t.start, t.len, spec))?,
+            _ => {
+                return Err(changed(
+                    "its table changed (no longer a tiercache table)".into(),
+                ))
+            }
+        };
+        let same_dev = |a: &str, b: &str| match (parse_devno(a), parse_devno(b)) {
+            (Some(x), Some(y)) => x == y,
+            _ => a == b,
+        };
+        let (start, len, spec) = spec;
+        if start != cd.start || len != cd.len {
+            return Err(changed(format!(
+                "its table changed (sectors {start}+{len}, was {}+{})",
+                cd.start, cd.len
+            )));
+        }
+        for (what, now, was) in [
+            ("origin", &spec.origin, &cd.table.origin),
+            ("cache", &spec.cache, &cd.table.cache),
+        ] {
+            if !same_dev(now, was) {
+                return Err(changed(format!(
+                    "its table changed ({what} device {}, was {})",
+                    self.describe(now),
+                    self.describe(was)
+                )));
+            }
+        }
+        let st = self.dm.status(name).map_err(not_read)?;
+        let st = match st.as_slice() {
+            [t] if t.ttype == TARGET_TYPE => {
+                Status::parse_params(&t.params).map_err(|e| not_read(e.context(name)))?
+            }
+            _ => {
+                return Err(changed(
+                    "its table changed (no longer a tiercache table)".into(),
+                ))
+            }
+        };
+        if !force && st.failed_errno().is_none() {
+            return Err(Error::new(
+                Kind::Dirty,
+                format!(
+                    "{name}: not abandoned: the module no longer reports the cache device {} failed; the cache stays attached",
+                    self.describe(&cd.table.cache)
+                ),
+            )
+            .hint(format!("see 'tiercache status {name}'; 'tiercache detach {name}' flushes")));
+        }
+        if st.dirty_blocks > cd.status.dirty_blocks {
+            return Err(Error::new(
+                Kind::Dirty,
+                format!(
+                    "{name}: not abandoned: the cache now holds {} dirty blocks, more than the {} confirmed; the cache stays attached",
+                    st.dirty_blocks, cd.status.dirty_blocks
+                ),
+            )
+            .hint(format!(
+                "run the command again to confirm the loss as it is now ('tiercache status {name}' shows it)"
+            )));
+        }
+        Ok(st)
     }
 
     /// Ask for the device name on the terminal.

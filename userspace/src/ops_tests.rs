@@ -1143,6 +1143,208 @@ fn abandon_force_and_uncache() {
 }
 
 #[test]
+fn abandon_rechecks_the_device_once_suspended() {
+    use crate::fake::FakeDev;
+    // What the administrator confirmed: cache 8:32 of origin 8:16, uuid
+    // TIERCACHE-c, failed, 7 dirty blocks.  Each change below happens
+    // after that (at the suspend); each is refused.
+    type Change = Box<dyn Fn(&mut FakeDev)>;
+    let cases: Vec<(&str, Change, Kind, &str)> = vec![
+        (
+            "cache",
+            Box::new(|d| d.table[0].params = d.table[0].params.replace("8:32", "8:48")),
+            Kind::Failure,
+            "c: not abandoned: its table changed (cache device dev8:48, was dev8:32) since the confirmation; the cache stays attached",
+        ),
+        (
+            "origin",
+            Box::new(|d| d.table[0].params = d.table[0].params.replacen("8:16", "8:48", 1)),
+            Kind::Failure,
+            "c: not abandoned: its table changed (origin device dev8:48, was dev8:16) since the confirmation; the cache stays attached",
+        ),
+        (
+            "length",
+            Box::new(|d| d.table[0].len = 1000),
+            Kind::Failure,
+            "c: not abandoned: its table changed (sectors 0+1000, was 0+524288) since the confirmation; the cache stays attached",
+        ),
+        (
+            "uuid",
+            Box::new(|d| d.info.uuid = Some("OTHER".into())),
+            Kind::Failure,
+            "c: not abandoned: its device-mapper uuid changed (now OTHER, was TIERCACHE-c) since the confirmation; the cache stays attached",
+        ),
+        (
+            "devno",
+            Box::new(|d| d.info.devno = (253, 99)),
+            Kind::Failure,
+            "c: not abandoned: the device was replaced (device number 253:99, was 253:10) since the confirmation; the cache stays attached",
+        ),
+        (
+            "linear",
+            Box::new(|d| {
+                d.table = vec![crate::dm::Target::new(0, 524288, "linear", "8:16 0".into())];
+                d.sim = None;
+            }),
+            Kind::Failure,
+            "c: not abandoned: its table changed (no longer a tiercache table) since the confirmation; the cache stays attached",
+        ),
+        (
+            "healed",
+            Box::new(|d| d.sim.as_mut().unwrap().cache_failed = 0),
+            Kind::Dirty,
+            "c: not abandoned: the module no longer reports the cache device dev8:32 failed; the cache stays attached",
+        ),
+        (
+            "dirtier",
+            Box::new(|d| d.sim.as_mut().unwrap().dirty = 8),
+            Kind::Dirty,
+            "c: not abandoned: the cache now holds 8 dirty blocks, more than the 7 confirmed; the cache stays attached",
+        ),
+    ];
+    for (what, change, kind, msg) in cases {
+        let t = T::new();
+        t.cached("c", 7);
+        t.image("/dev/fast", &Meta::new("c", FAST, SLOW).dirty(7));
+        fail_cache(&t, "c", 7, -5);
+        *t.dm.before_suspend.borrow_mut() = Some(Box::new(move |dm| dm.with("c", change)));
+        let e = t
+            .ctx()
+            .abandon("c", DetachCache::Split, true, false)
+            .unwrap_err();
+        assert_eq!((e.kind, e.msg.as_str()), (kind, msg), "{what}");
+        assert_eq!(
+            t.log(),
+            [
+                "load c 0 524288 linear 8:16 0",
+                "suspend c",
+                "clear c",
+                "resume c"
+            ],
+            "{what}"
+        );
+        t.dm.with("c", |d| {
+            assert!(!d.info.suspended && d.inactive.is_none(), "{what}");
+            if what != "linear" {
+                assert_eq!(d.table[0].ttype, "tiercache", "{what}: no swap");
+            }
+        });
+        assert!(t.host.marked.borrow().is_empty(), "{what}");
+        assert!(!t.out.text().contains("cache abandoned"), "{what}");
+    }
+
+    // Fewer dirty blocks than confirmed (written around the failed cache
+    // meanwhile): abandoned, the count lost is the one at the suspend.
+    let t = T::new();
+    t.cached("c", 7);
+    t.image("/dev/fast", &Meta::new("c", FAST, SLOW).dirty(7));
+    fail_cache(&t, "c", 7, -5);
+    *t.dm.before_suspend.borrow_mut() = Some(Box::new(|dm| {
+        dm.with("c", |d| d.sim.as_mut().unwrap().dirty = 5)
+    }));
+    t.ctx()
+        .abandon("c", DetachCache::Split, true, false)
+        .unwrap();
+    assert!(
+        t.out.text().contains("; 5 dirty blocks (20 KiB) lost;"),
+        "{}",
+        t.out.text()
+    );
+
+    // --force: a cache the module does not report failed (any more).
+    let t = T::new();
+    t.cached("c", 7);
+    t.image("/dev/fast", &Meta::new("c", FAST, SLOW).dirty(7));
+    fail_cache(&t, "c", 7, -5);
+    *t.dm.before_suspend.borrow_mut() = Some(Box::new(|dm| {
+        dm.with("c", |d| d.sim.as_mut().unwrap().cache_failed = 0)
+    }));
+    t.ctx()
+        .abandon("c", DetachCache::Split, true, true)
+        .unwrap();
+    assert!(matches!(
+        t.ctx().classify("c").unwrap(),
+        Some(DevKind::Detached { .. })
+    ));
+}
+
+#[test]
+fn abandon_does_not_go_on_without_reading_the_device_back() {
+    // The status cannot be read once suspended: not ignored.
+    let t = T::new();
+    t.cached("c", 7);
+    t.image("/dev/fast", &Meta::new("c", FAST, SLOW).dirty(7));
+    fail_cache(&t, "c", 7, -5);
+    t.dm.fail_status_suspended.set(true);
+    let e = t
+        .ctx()
+        .abandon("c", DetachCache::Split, true, false)
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::Failure);
+    assert_eq!(
+        e.msg,
+        "c: not abandoned: cannot read it back once suspended (c: status: Input/output error); the cache stays attached"
+    );
+    assert_eq!(
+        t.log(),
+        [
+            "load c 0 524288 linear 8:16 0",
+            "suspend c",
+            "clear c",
+            "resume c"
+        ]
+    );
+    t.dm.fail_status_suspended.set(false);
+    assert!(matches!(
+        t.ctx().classify("c").unwrap(),
+        Some(DevKind::Cached(_))
+    ));
+    assert!(t.host.marked.borrow().is_empty());
+
+    // The load or the suspend fails: nothing changed either.
+    for load in [true, false] {
+        let t = T::new();
+        t.cached("c", 7);
+        t.image("/dev/fast", &Meta::new("c", FAST, SLOW).dirty(7));
+        fail_cache(&t, "c", 7, -5);
+        if load {
+            t.dm.fail_load.set(true);
+        } else {
+            t.dm.fail_suspend.set(true);
+        }
+        let e = t
+            .ctx()
+            .abandon("c", DetachCache::Split, true, false)
+            .unwrap_err();
+        assert_eq!(e.kind, Kind::Failure);
+        let log = t.log();
+        if load {
+            assert!(
+                e.msg.starts_with("c: cannot load the linear table"),
+                "{}",
+                e.msg
+            );
+            assert_eq!(log, ["load c 0 524288 linear 8:16 0", "clear c"]);
+        } else {
+            assert_eq!(e.msg, "c: suspend: Input/output error");
+            assert_eq!(
+                e.hint.as_deref(),
+                Some("c was not abandoned: its cache stays attached")
+            );
+            assert_eq!(
+                log,
+                ["load c 0 524288 linear 8:16 0", "suspend c", "clear c"]
+            );
+        }
+        t.dm.with("c", |d| {
+            assert!(!d.info.suspended && d.inactive.is_none());
+            assert_eq!(d.table[0].ttype, "tiercache");
+        });
+        assert!(t.host.marked.borrow().is_empty());
+    }
+}
+
+#[test]
 fn activate_from_config() {
     let t = T::new();
     t.lvm.add(&t.host, "vg", "slow", 256 * MIB, (253, 1), false);
