@@ -159,12 +159,13 @@ pub struct FakeDm {
     pub fail_load: Cell<bool>,
     /// The next suspend fails (the device stays as it was).
     pub fail_suspend: Cell<bool>,
-    /// The next resume fails: `Some(true)` after swapping in the inactive
-    /// table (the device stays suspended with it, as when the kernel's
-    /// dm_resume fails), `Some(false)` before (the swap failed: the
-    /// inactive table is dropped, the device stays suspended with its
+    /// This many resumes fail: after swapping in the inactive table if
+    /// `fail_resume_after_swap` (the device stays suspended with it, as
+    /// when the kernel's dm_resume fails), else before (the swap failed:
+    /// the inactive table is dropped, the device stays suspended with its
     /// old table).
-    pub fail_resume: Cell<Option<bool>>,
+    pub fail_resumes: Cell<u32>,
+    pub fail_resume_after_swap: Cell<bool>,
     /// Status reads of a suspended device fail.
     pub fail_status_suspended: Cell<bool>,
     /// Run at the next suspend, before the device is suspended: what
@@ -354,8 +355,11 @@ impl Dm for FakeDm {
         self.log(format!("resume {name}"));
         let mut devs = self.devs.borrow_mut();
         let d = devs.get_mut(name).ok_or_else(|| Self::nodev(name))?;
-        let fail = self.fail_resume.take();
-        if fail == Some(false) {
+        let fail = self.fail_resumes.get() > 0;
+        if fail {
+            self.fail_resumes.set(self.fail_resumes.get() - 1);
+        }
+        if fail && !self.fail_resume_after_swap.get() {
             d.inactive = None;
             return Err(failure(format!("{name}: resume: Invalid argument")));
         }
@@ -374,7 +378,7 @@ impl Dm for FakeDm {
             }
             d.table = t;
         }
-        if fail == Some(true) {
+        if fail {
             return Err(failure(format!("{name}: resume: Input/output error")));
         }
         d.info.suspended = false;

@@ -1950,10 +1950,9 @@ impl<'a> Ctx<'a> {
                 });
             }
         };
+        let mut still_suspended = None;
         if let Err(e) = self.dm.resume(name) {
-            return Err(e.hint(format!(
-                "the device may be left suspended, with the linear table loaded; try 'dmsetup resume {name}'"
-            )));
+            still_suspended = self.abandon_resume_failed(&cd, e)?;
         }
 
         let mut warn = vec![];
@@ -1967,14 +1966,93 @@ impl<'a> Ctx<'a> {
         } else {
             format!("{} lost", dirty(lost))
         };
-        self.detach_done(
+        let done = self.detach_done(
             name,
             "cache abandoned",
             &origin_dev,
             origin_lv.as_ref(),
             &format!("{lost_note}; {lv_note}, {mark_note}"),
             &warn,
-        )
+        );
+        match (still_suspended, done) {
+            (Some(e), Err(d)) => {
+                errln!(self, "tiercache: warning: {}", d.msg);
+                Err(e)
+            }
+            (Some(e), Ok(())) => Err(e),
+            (None, done) => done,
+        }
+    }
+
+    /// The resume that should have swapped in the linear table failed
+    /// (`e`): what does the device map now?  The linear table: the cache
+    /// is out of it, abandon goes on (`Some(error)` if the device cannot
+    /// be resumed, to be returned at the end).  Its cache table (the swap
+    /// failed): the linear table is dropped, the device resumed, and the
+    /// cache is not abandoned (an error).
+    fn abandon_resume_failed(&self, cd: &CacheDev, e: Error) -> Result<Option<Error>> {
+        let name = &cd.info.name;
+        let linear = [Target::new(
+            cd.start,
+            cd.len,
+            "linear",
+            table::linear_params(&cd.table.origin),
+        )];
+        let table = match self.dm.table(name) {
+            Ok(t) => t,
+            Err(t) => {
+                return Err(e.hint(format!(
+                    "it cannot be told whether the linear table is in place ({}): see 'dmsetup table {name}' and 'dmsetup info {name}'",
+                    t.msg
+                )))
+            }
+        };
+        if table == linear {
+            errln!(
+                self,
+                "tiercache: warning: {name}: the resume reported an error ({}), but the linear table is in place: going on",
+                e.msg
+            );
+            let suspended = self
+                .dm
+                .info(name)
+                .ok()
+                .flatten()
+                .is_none_or(|i| i.suspended);
+            if !suspended {
+                return Ok(None);
+            }
+            return Ok(self.dm.resume(name).err().map(|r| {
+                failure(format!(
+                    "{name}: cache abandoned, but /dev/mapper/{name} is still suspended: resuming it failed ({})",
+                    r.msg
+                ))
+                .hint(format!(
+                    "IO to it waits until it is resumed: try 'dmsetup resume {name}'"
+                ))
+            }));
+        }
+        if table.len() == 1 && table[0].ttype == TARGET_TYPE {
+            let _ = self.dm.clear_inactive(name);
+            let msg = format!(
+                "{name}: not abandoned: the swap to the linear table failed ({}); the cache stays attached",
+                e.msg
+            );
+            return Err(match self.dm.resume(name) {
+                Ok(()) => Error { msg, ..e }.hint(format!(
+                    "{name} was resumed with its cache; see 'tiercache status {name}' and the kernel log"
+                )),
+                Err(r) => Error { msg, ..e }.hint(format!(
+                    "resuming it with its cache failed too ({}): it is left suspended; try 'dmsetup resume {name}'",
+                    r.msg
+                )),
+            });
+        }
+        let types: Vec<&str> = table.iter().map(|t| t.ttype.as_str()).collect();
+        Err(e.hint(format!(
+            "it maps neither its cache nor the linear origin now (table type {}): see 'dmsetup table {name}' and 'dmsetup info {name}'",
+            types.join(",")
+        )))
     }
 
     /// After the suspend of `abandon`: the device must still be the one

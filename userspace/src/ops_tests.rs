@@ -1345,6 +1345,109 @@ fn abandon_does_not_go_on_without_reading_the_device_back() {
 }
 
 #[test]
+fn abandon_looks_at_the_table_after_a_failed_resume() {
+    let failed = |fails: u32, after_swap: bool| {
+        let t = T::new();
+        attach(&t);
+        t.image("/dev/vg/fast", &Meta::new("slow", FAST, SLOW).dirty(3));
+        fail_cache(&t, "slow", 3, -5);
+        t.dm.log.borrow_mut().clear();
+        t.dm.fail_resumes.set(fails);
+        t.dm.fail_resume_after_swap.set(after_swap);
+        let r = t.ctx().abandon("slow", DetachCache::Split, true, false);
+        (t, r)
+    };
+
+    // The kernel swapped the tables, then failed to resume: the linear
+    // table is in place, the cache out of it: go on, resume once more.
+    let (t, r) = failed(1, true);
+    r.unwrap();
+    assert_eq!(
+        t.log(),
+        [
+            "load slow 0 524288 linear 253:1 0",
+            "suspend slow",
+            "resume slow",
+            "resume slow"
+        ]
+    );
+    assert!(t.err.text().contains(
+        "tiercache: warning: slow: the resume reported an error (slow: resume: Input/output error), but the linear table is in place: going on"
+    ));
+    assert!(matches!(
+        t.ctx().classify("slow").unwrap(),
+        Some(DevKind::Detached { .. })
+    ));
+    t.dm.with("slow", |d| assert!(!d.info.suspended));
+    assert_eq!(*t.host.marked.borrow(), ["/dev/vg/fast"]);
+    assert!(!t.lvm.get("vg", "fast").has_tag(TAG_CACHE));
+
+    // ... and it stays suspended: released and marked all the same, but
+    // an error that says so.
+    let (t, r) = failed(2, true);
+    let e = r.unwrap_err();
+    assert_eq!(e.kind, Kind::Failure);
+    assert_eq!(
+        e.msg,
+        "slow: cache abandoned, but /dev/mapper/slow is still suspended: resuming it failed (slow: resume: Input/output error)"
+    );
+    assert!(e.hint.unwrap().contains("'dmsetup resume slow'"));
+    assert_eq!(*t.host.marked.borrow(), ["/dev/vg/fast"]);
+    assert!(!t.lvm.get("vg", "fast").has_tag(TAG_CACHE));
+    assert!(!t.host.files.borrow()[CONF].contains("vg/slow"));
+    assert!(t.out.text().contains("slow: cache abandoned:"));
+
+    // The swap itself failed: the cache table is still there.  Drop the
+    // linear table, resume with the cache: not abandoned.
+    let (t, r) = failed(1, false);
+    let e = r.unwrap_err();
+    assert_eq!(e.kind, Kind::Failure);
+    assert_eq!(
+        e.msg,
+        "slow: not abandoned: the swap to the linear table failed (slow: resume: Invalid argument); the cache stays attached"
+    );
+    assert!(e
+        .hint
+        .unwrap()
+        .starts_with("slow was resumed with its cache"),);
+    assert_eq!(
+        t.log(),
+        [
+            "load slow 0 524288 linear 253:1 0",
+            "suspend slow",
+            "resume slow",
+            "clear slow",
+            "resume slow"
+        ]
+    );
+    assert!(matches!(
+        t.ctx().classify("slow").unwrap(),
+        Some(DevKind::Cached(_))
+    ));
+    t.dm.with("slow", |d| assert!(!d.info.suspended));
+    assert!(t.host.marked.borrow().is_empty());
+    assert!(t.lvm.get("vg", "fast").has_tag(TAG_CACHE));
+    assert!(t.host.files.borrow()[CONF].contains("vg/slow"));
+    assert!(!t.out.text().contains("cache abandoned"));
+
+    // ... and it cannot be resumed with its cache either: say so.
+    let (t, r) = failed(2, false);
+    let e = r.unwrap_err();
+    assert!(e
+        .msg
+        .starts_with("slow: not abandoned: the swap to the linear table failed"));
+    assert!(
+        e.hint
+            .as_deref()
+            .unwrap()
+            .contains("it is left suspended; try 'dmsetup resume slow'"),
+        "{:?}",
+        e.hint
+    );
+    assert!(t.host.marked.borrow().is_empty());
+}
+
+#[test]
 fn activate_from_config() {
     let t = T::new();
     t.lvm.add(&t.host, "vg", "slow", 256 * MIB, (253, 1), false);
