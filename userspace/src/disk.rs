@@ -284,13 +284,71 @@ pub fn sb_marked_failed(area: &[u8], dev: &str) -> Result<Option<Vec<u8>>> {
     Ok(Some(out))
 }
 
-/// Mark the superblock of `dev` failed (`sb_marked_failed`): read its
-/// superblock area, write it back marked, sync, and read it back to
-/// check.  Returns false if it was marked already (nothing written).
-pub fn mark_failed(dev: &Dev) -> Result<bool> {
+/// What the superblock to be marked failed must be: the cache of which
+/// device.  `None`: not checked.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MarkWant {
+    /// The device number of the cache device (fstat of the open node).
+    pub devno: Option<(u32, u32)>,
+    /// The dm uuid of the device it caches: the superblock's must be the
+    /// same, or empty (the module's rule: an empty uuid on either side
+    /// matches any).
+    pub uuid: Option<String>,
+    /// The length of that device (the target length, in sectors): the
+    /// superblock's `origin_sectors` must be the same.
+    pub origin_sectors: Option<u64>,
+}
+
+/// Mark the superblock of `dev` failed (`sb_marked_failed`), if it is the
+/// cache `want` says: read its superblock area, write it back marked,
+/// sync, and read it back to check.  Returns false if it was marked
+/// already (nothing written).  Refused, nothing written: another device
+/// number than `want.devno` (exit 3), a blank superblock (11), one that
+/// does not decode (12), the cache of another device (4).
+pub fn mark_failed(dev: &dyn WriteAt, want: &MarkWant) -> Result<bool> {
+    let path = dev.name().to_string();
+    if let Some(d) = want.devno {
+        if dev.devno() != Some(d) {
+            return Err(Error::new(
+                Kind::NotFound,
+                format!(
+                    "{path}: not the cache device: it is {}, the cache device was {}:{}; not marked",
+                    match dev.devno() {
+                        Some(x) => format!("device {}:{}", x.0, x.1),
+                        None => "not a block device".to_string(),
+                    },
+                    d.0,
+                    d.1
+                ),
+            ));
+        }
+    }
     let n = (SB_SECTORS * 512) as usize;
     let area = dev.read_at(0, n)?;
-    let Some(new) = sb_marked_failed(&area, dev.path())? else {
+    let (st, sb) = decode_sb(&area);
+    if let Some(sb) = sb.as_ref().filter(|_| st == SbState::Ok) {
+        let mut other = vec![];
+        if let Some(u) = want.uuid.as_deref() {
+            if !u.is_empty() && !sb.uuid.is_empty() && sb.uuid != u {
+                other.push(format!("uuid {}, not {u}", sb.uuid));
+            }
+        }
+        if let Some(o) = want.origin_sectors {
+            if sb.origin_sectors != o {
+                other.push(format!(
+                    "an origin of {} sectors, not {o}",
+                    sb.origin_sectors
+                ));
+            }
+        }
+        if !other.is_empty() {
+            return Err(busy(format!(
+                "{path}: its superblock is the cache of another device ({}); not marked",
+                other.join(", ")
+            )));
+        }
+    }
+    let Some(new) = sb_marked_failed(&area, &path)? else {
         return Ok(false);
     };
     dev.write_at(0, &new)?;
@@ -300,8 +358,7 @@ pub fn mark_failed(dev: &Dev) -> Result<bool> {
         return Err(Error::new(
             Kind::Unreadable,
             format!(
-                "{}: the superblock does not read back marked failed ({})",
-                dev.path(),
+                "{path}: the superblock does not read back marked failed ({})",
                 st.describe()
             ),
         ));
@@ -534,6 +591,16 @@ pub trait ReadAt {
     fn read_at(&self, off: u64, len: usize) -> Result<Vec<u8>>;
 }
 
+/// A device opened to write its superblock (exclusively, for a block
+/// device): a device, an image file, or a test's in-memory image.
+pub trait WriteAt: ReadAt {
+    fn write_at(&self, off: u64, data: &[u8]) -> Result<()>;
+    /// Make what was written durable.
+    fn sync(&self) -> Result<()>;
+    /// The device number of the open file (fstat); None for a regular file.
+    fn devno(&self) -> Option<(u32, u32)>;
+}
+
 /// Alignment of O_DIRECT buffers, offsets and lengths.
 const DIRECT_ALIGN: usize = 4096;
 
@@ -661,6 +728,14 @@ impl Dev {
             }
             _ => unreadable(format!("{path}: cannot open: {}", io_msg(&e))),
         })?;
+        // What was opened (fstat), not what the path named a moment ago.
+        let md = file
+            .metadata()
+            .map_err(|e| unreadable(format!("{path}: cannot stat: {}", io_msg(&e))))?;
+        if md.file_type().is_block_device() != blk {
+            return Err(unreadable(format!("{path}: changed while it was opened")));
+        }
+        let devno = blk.then(|| (libc::major(md.rdev()), libc::minor(md.rdev())));
         let size = if blk {
             use std::io::{Seek, SeekFrom};
             (&file)
@@ -723,6 +798,18 @@ impl Dev {
                 format!("{}: fsync failed: {}", self.path, io_msg(&e)),
             )
         })
+    }
+}
+
+impl WriteAt for Dev {
+    fn write_at(&self, off: u64, data: &[u8]) -> Result<()> {
+        Dev::write_at(self, off, data)
+    }
+    fn sync(&self) -> Result<()> {
+        Dev::sync(self)
+    }
+    fn devno(&self) -> Option<(u32, u32)> {
+        self.devno
     }
 }
 
@@ -1217,6 +1304,87 @@ mod tests {
     }
 
     #[test]
+    fn mark_failed_only_the_cache_wanted() {
+        let path = std::env::temp_dir().join(format!("tiercache-want-{}.img", std::process::id()));
+        let p = path.to_string_lossy().into_owned();
+        let write = |img: &[u8]| std::fs::write(&path, img).unwrap();
+        let mark = |want: &MarkWant| {
+            let dev = Dev::open(&p, Access::WriteExclusive).unwrap();
+            mark_failed(&dev, want)
+        };
+        let failed_now = || {
+            decode_sb(&std::fs::read(&path).unwrap())
+                .1
+                .unwrap()
+                .failed()
+        };
+        let sb = sample();
+        let img = build_image(&sb, 4096, &[(3, 77, true, 5)], |_| 0xab);
+        let want = |uuid: &str, origin: u64| MarkWant {
+            devno: None,
+            uuid: Some(uuid.into()),
+            origin_sectors: Some(origin),
+        };
+
+        // Another device's cache: refused (exit 4), nothing written.
+        write(&img);
+        let e = mark(&want("TIERCACHE-u", 8192)).unwrap_err();
+        assert_eq!((e.kind, e.kind.exit_code()), (Kind::Busy, 4));
+        assert_eq!(
+            e.msg,
+            format!("{p}: its superblock is the cache of another device (uuid TIERCACHE-t, not TIERCACHE-u); not marked")
+        );
+        let e = mark(&want("TIERCACHE-t", 8000)).unwrap_err();
+        assert!(
+            e.msg
+                .contains("(an origin of 8192 sectors, not 8000); not marked"),
+            "{}",
+            e.msg
+        );
+        assert!(!failed_now());
+        assert_eq!(std::fs::read(&path).unwrap(), img);
+
+        // A device number is wanted: a regular file has none (exit 3).
+        let e = mark(&MarkWant {
+            devno: Some((8, 32)),
+            ..MarkWant::default()
+        })
+        .unwrap_err();
+        assert_eq!(e.kind, Kind::NotFound);
+        assert_eq!(
+            e.msg,
+            format!("{p}: not the cache device: it is not a block device, the cache device was 8:32; not marked")
+        );
+        assert!(!failed_now());
+
+        // The module's rule: an empty uuid on either side matches.
+        assert!(mark(&want("", 8192)).unwrap());
+        assert!(failed_now());
+        let anyone = Superblock {
+            uuid: String::new(),
+            ..sample()
+        };
+        write(&build_image(&anyone, 4096, &[], |_| 0));
+        assert!(mark(&want("TIERCACHE-u", 8192)).unwrap());
+        // The right one; then marked already: nothing written.
+        write(&img);
+        assert!(mark(&want("TIERCACHE-t", 8192)).unwrap());
+        assert!(!mark(&want("TIERCACHE-t", 8192)).unwrap());
+
+        // Blank (11) and corrupt (12) superblocks: nothing to mark.
+        write(&vec![0u8; 4096 * 512]);
+        let e = mark(&want("TIERCACHE-t", 8192)).unwrap_err();
+        assert_eq!(e.kind, Kind::NoSuperblock);
+        let mut bad = img.clone();
+        bad[100] ^= 1;
+        write(&bad);
+        let e = mark(&want("TIERCACHE-t", 8192)).unwrap_err();
+        assert_eq!(e.kind, Kind::BadSuperblock);
+        assert_eq!(std::fs::read(&path).unwrap(), bad);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
     fn mark_failed_on_an_image_file() {
         let sb = sample();
         let img = build_image(&sb, 4096, &[(3, 77, true, 5)], |_| 0xab);
@@ -1224,8 +1392,12 @@ mod tests {
         std::fs::write(&path, &img).unwrap();
         let p = path.to_string_lossy().into_owned();
         let dev = Dev::open(&p, Access::WriteExclusive).unwrap();
-        assert!(mark_failed(&dev).unwrap());
-        assert!(!mark_failed(&dev).unwrap(), "marked already");
+        assert_eq!(dev.devno(), None, "a regular file");
+        assert!(mark_failed(&dev, &MarkWant::default()).unwrap());
+        assert!(
+            !mark_failed(&dev, &MarkWant::default()).unwrap(),
+            "marked already"
+        );
         drop(dev);
         let after = std::fs::read(&path).unwrap();
         let _ = std::fs::remove_file(&path);

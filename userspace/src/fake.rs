@@ -6,7 +6,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::disk::ReadAt;
+use crate::disk::{ReadAt, WriteAt};
 use crate::dm::{DevInfo, Dm, Target};
 use crate::error::{busy, failure, not_found, Error, Kind, Result};
 use crate::host::{BlockDev, Host};
@@ -441,13 +441,86 @@ pub struct FakeHost {
     pub images: RefCell<BTreeMap<String, Vec<u8>>>,
     /// Devices whose superblock was cleared.
     pub cleared: RefCell<Vec<String>>,
-    /// Devices whose superblock was marked failed.
+    /// Devices whose superblock was written (marked failed) through
+    /// `open_exclusive`.
     pub marked: RefCell<Vec<String>>,
     /// Writes to the superblock fail (a cache device that failed).
     pub sb_write_error: Cell<bool>,
+    /// Reads through `open_exclusive` fail (a cache device that failed).
+    pub sb_read_error: Cell<bool>,
+    /// The device number a node opened by `open_exclusive` has, if not
+    /// the one `devs` gives (the node now names another device).
+    pub node_devno: RefCell<BTreeMap<String, (u32, u32)>>,
     pub stdin_tty: Cell<bool>,
     /// What stdin holds, line by line.
     pub stdin: RefCell<std::collections::VecDeque<String>>,
+}
+
+/// A device image opened by `open_exclusive`: reads and writes go to
+/// `FakeHost::images`.
+struct FakeWriteDev<'h> {
+    host: &'h FakeHost,
+    path: String,
+    devno: Option<(u32, u32)>,
+    size: u64,
+}
+
+impl ReadAt for FakeWriteDev<'_> {
+    fn name(&self) -> &str {
+        &self.path
+    }
+    fn size_bytes(&self) -> u64 {
+        self.size
+    }
+    fn read_at(&self, off: u64, len: usize) -> Result<Vec<u8>> {
+        if self.host.sb_read_error.get() {
+            return Err(Error::new(
+                Kind::Unreadable,
+                format!(
+                    "{}: read error at byte {off}: Input/output error",
+                    self.path
+                ),
+            ));
+        }
+        let img = self.host.images.borrow()[&self.path].clone();
+        SparseImage {
+            name: self.path.clone(),
+            size: self.size,
+            data: img,
+        }
+        .read_at(off, len)
+    }
+}
+
+impl WriteAt for FakeWriteDev<'_> {
+    fn write_at(&self, off: u64, data: &[u8]) -> Result<()> {
+        if self.host.sb_write_error.get() {
+            return Err(Error::new(
+                Kind::Unreadable,
+                format!(
+                    "{}: write error at byte {off}: Input/output error",
+                    self.path
+                ),
+            ));
+        }
+        let mut images = self.host.images.borrow_mut();
+        let img = images.get_mut(&self.path).unwrap();
+        let end = off as usize + data.len();
+        if img.len() < end {
+            img.resize(end, 0);
+        }
+        img[off as usize..end].copy_from_slice(data);
+        if off == 0 {
+            self.host.marked.borrow_mut().push(self.path.clone());
+        }
+        Ok(())
+    }
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+    fn devno(&self) -> Option<(u32, u32)> {
+        self.devno
+    }
 }
 
 /// A device image: `data`, then zeros up to `size`.
@@ -559,30 +632,31 @@ impl Host for FakeHost {
         }
         Ok(())
     }
-    fn mark_superblock_failed(&self, bd: &BlockDev) -> Result<bool> {
-        let mut images = self.images.borrow_mut();
-        let Some(img) = images.get_mut(&bd.path) else {
+    fn open_exclusive(&self, path: &str) -> Result<Box<dyn WriteAt + '_>> {
+        if !self.images.borrow().contains_key(path) {
             return Err(Error::new(
                 Kind::Unreadable,
-                format!("{}: cannot open: No such file or directory", bd.path),
-            ));
-        };
-        let n = (crate::disk::SB_SECTORS * 512) as usize;
-        if img.len() < n {
-            img.resize(n, 0);
-        }
-        let Some(new) = crate::disk::sb_marked_failed(&img[..n], &bd.path)? else {
-            return Ok(false);
-        };
-        if self.sb_write_error.get() {
-            return Err(Error::new(
-                Kind::Unreadable,
-                format!("{}: write error at byte 0: Input/output error", bd.path),
+                format!("{path}: cannot open: No such file or directory"),
             ));
         }
-        img[..n].copy_from_slice(&new);
-        self.marked.borrow_mut().push(bd.path.clone());
-        Ok(true)
+        let devno = self
+            .node_devno
+            .borrow()
+            .get(path)
+            .copied()
+            .or_else(|| self.devs.borrow().get(path).map(|d| d.devno));
+        if let Some(how) = devno.and_then(|d| self.users.borrow().get(&d).cloned()) {
+            return Err(busy(format!("{path}: in use ({how})")));
+        }
+        let size = devno
+            .and_then(|d| self.sizes.borrow().get(&d).copied())
+            .unwrap_or_else(|| self.images.borrow()[path].len() as u64);
+        Ok(Box::new(FakeWriteDev {
+            host: self,
+            path: path.into(),
+            devno,
+            size,
+        }))
     }
     fn node_of_devno(&self, devno: (u32, u32)) -> Option<String> {
         self.devs

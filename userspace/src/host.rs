@@ -9,7 +9,7 @@ use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
-use crate::disk::{Access, Dev, ReadAt};
+use crate::disk::{Access, Dev, ReadAt, WriteAt};
 use crate::error::{failure, not_found, Error, Kind, Result};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -61,10 +61,10 @@ pub trait Host {
     /// Zero the superblock area of a cache device (exclusive open, synced):
     /// it reads as never formatted afterwards.
     fn clear_superblock(&self, bd: &BlockDev) -> Result<()>;
-    /// Mark the superblock of a cache device failed (`disk::mark_failed`:
-    /// exclusive open, O_DIRECT, synced), so that no module loads it
-    /// again.  Ok(false): it was marked already.
-    fn mark_superblock_failed(&self, bd: &BlockDev) -> Result<bool>;
+    /// Open a device node to write its superblock: read-write, exclusive
+    /// (O_EXCL: refused while held or mounted), O_DIRECT; its device
+    /// number is the open node's (fstat).  For `disk::mark_failed`.
+    fn open_exclusive(&self, path: &str) -> Result<Box<dyn WriteAt + '_>>;
     /// A device node of the block device with this number.
     fn node_of_devno(&self, devno: (u32, u32)) -> Option<String>;
     /// Whether stdin is a terminal (someone to ask for a confirmation).
@@ -383,9 +383,8 @@ impl Host for RealHost {
         d.sync()
     }
 
-    fn mark_superblock_failed(&self, bd: &BlockDev) -> Result<bool> {
-        let d = Dev::open(&bd.path, Access::WriteExclusive)?;
-        crate::disk::mark_failed(&d)
+    fn open_exclusive(&self, path: &str) -> Result<Box<dyn WriteAt + '_>> {
+        Ok(Box::new(Dev::open(path, Access::WriteExclusive)?))
     }
 
     fn node_of_devno(&self, devno: (u32, u32)) -> Option<String> {

@@ -1959,7 +1959,7 @@ impl<'a> Ctx<'a> {
         self.unmark_released(name, origin_lv.as_ref(), cache_lv.as_ref(), &mut warn);
         // Marked before an --uncache removes the LV: a new LV on the same
         // extents must not find a loadable superblock there either.
-        let mark_note = self.mark_abandoned(name, &cache_dev, cache_lv.as_ref());
+        let mark_note = self.mark_abandoned(&cd, cache_lv.as_ref());
         let lv_note = self.release_cache_lv(&cache_dev, cache_lv.as_ref(), mode, &mut warn);
         let lost_note = if lost == 0 {
             "no dirty blocks lost".to_string()
@@ -2200,23 +2200,28 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// Mark the superblock of an abandoned cache device failed; says how
-    /// it went.  A failure is a warning, not an error: the device is linear
-    /// already.
-    fn mark_abandoned(&self, name: &str, cache_dev: &str, cache_lv: Option<&LvInfo>) -> String {
+    /// Mark the superblock of the abandoned cache device of `cd` failed;
+    /// says how it went.  Only the device recorded before the question
+    /// (its number, fstat of the node opened exclusively), and only the
+    /// cache of this device (the superblock's uuid and origin length).  A
+    /// failure is a warning, not an error: the device is linear already.
+    fn mark_abandoned(&self, cd: &CacheDev, cache_lv: Option<&LvInfo>) -> String {
+        let name = &cd.info.name;
+        let cache_dev = &cd.table.cache;
         let devno = parse_devno(cache_dev);
         let path = cache_lv
             .map(|l| l.path.clone())
             .or_else(|| devno.and_then(|d| self.host.node_of_devno(d)));
+        let want = disk::MarkWant {
+            devno,
+            uuid: cd.info.uuid.clone(),
+            origin_sectors: Some(cd.len),
+        };
         let r = match (path, devno) {
-            (Some(path), Some(devno)) => {
-                let bd = BlockDev {
-                    size_bytes: self.host.size_of_devno(devno).unwrap_or(0),
-                    path,
-                    devno,
-                };
-                self.host.mark_superblock_failed(&bd)
-            }
+            (Some(path), Some(_)) => self
+                .host
+                .open_exclusive(&path)
+                .and_then(|dev| disk::mark_failed(&*dev, &want)),
             _ => Err(not_found(format!(
                 "no device node for {}",
                 self.describe(cache_dev)

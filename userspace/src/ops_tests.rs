@@ -1448,6 +1448,77 @@ fn abandon_looks_at_the_table_after_a_failed_resume() {
 }
 
 #[test]
+fn abandon_marks_only_the_cache_of_this_device() {
+    let abandon = |setup: &dyn Fn(&T)| {
+        let t = T::new();
+        attach(&t);
+        t.image("/dev/vg/fast", &Meta::new("slow", FAST, SLOW).dirty(3));
+        fail_cache(&t, "slow", 3, -5);
+        setup(&t);
+        let r = t.ctx().abandon("slow", DetachCache::Split, true, false);
+        (t, r)
+    };
+    // The LV's node names another device now (the LV was replaced).
+    let (t, _) = abandon(&|t| {
+        t.host
+            .node_devno
+            .borrow_mut()
+            .insert("/dev/vg/fast".into(), (253, 7));
+    });
+    assert!(t.host.marked.borrow().is_empty());
+    assert!(!sb_of(&t, "/dev/vg/fast").failed());
+    assert!(
+        t.err.text().contains(
+            "/dev/vg/fast: not the cache device: it is device 253:7, the cache device was 253:2; not marked"
+        ),
+        "{}",
+        t.err.text()
+    );
+    // Its superblock is another device's cache, or of another origin.
+    for (meta, why) in [
+        (
+            Meta::new("other", FAST, SLOW),
+            "(uuid TIERCACHE-other, not TIERCACHE-slow)",
+        ),
+        (
+            Meta::new("slow", FAST, SLOW / 2),
+            "(an origin of 262144 sectors, not 524288)",
+        ),
+    ] {
+        let (t, _) = abandon(&|t| t.image("/dev/vg/fast", &meta));
+        assert!(t.host.marked.borrow().is_empty());
+        assert!(!sb_of(&t, "/dev/vg/fast").failed());
+        assert!(
+            t.err.text().contains(&format!(
+                "/dev/vg/fast: its superblock is the cache of another device {why}; not marked"
+            )),
+            "{}",
+            t.err.text()
+        );
+    }
+    // Held by someone (exclusive open refused).
+    let (t, _) = abandon(&|t| {
+        t.host
+            .users
+            .borrow_mut()
+            .insert((253, 2), "mounted on /mnt".into());
+    });
+    assert!(t.host.marked.borrow().is_empty());
+    assert!(t
+        .err
+        .text()
+        .contains("/dev/vg/fast: in use (mounted on /mnt)"));
+    // A superblock without uuid (any device's): marked.
+    let (t, r) = abandon(&|t| {
+        let mut m = Meta::new("slow", FAST, SLOW);
+        m.uuid = String::new();
+        t.image("/dev/vg/fast", &m);
+    });
+    r.unwrap();
+    assert_eq!(*t.host.marked.borrow(), ["/dev/vg/fast"]);
+}
+
+#[test]
 fn activate_from_config() {
     let t = T::new();
     t.lvm.add(&t.host, "vg", "slow", 256 * MIB, (253, 1), false);
