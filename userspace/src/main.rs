@@ -322,10 +322,16 @@ and without --yes it refuses), swaps the table for the linear mapping and
 releases the cache as above, and marks the cache device's superblock
 failed: no module loads it again ('tiercache create' or 'attach' with
 --format reuses it; 'tiercache writeback --force' still copies its dirty
-blocks offline).  If that mark cannot be written, a warning says to wipe or
-format the device before any other use.  --abandon is refused (exit 5) on a
-cache the module does not report failed, unless --force (a cache device
-that hangs instead of failing).")]
+blocks offline).  Only the device recorded before the question is marked,
+and only if its superblock is this device's cache (uuid, origin length).
+If the mark cannot be written (likely on a failed device), the command
+fails (exit 10; 4 if the device is held or is another device's cache)
+although the device is linear already, and prints the command that marks
+it offline once the device answers, 'tiercache check --mark-failed' (an
+--uncache then keeps the LV).  A blank or unreadable superblock is not
+marked, with a warning: no module loads it.  --abandon is refused (exit 5)
+on a cache the module does not report failed, unless --force (a cache
+device that hangs instead of failing).")]
     Detach {
         name: String,
         /// Keep the cache LV (default)
@@ -387,13 +393,33 @@ metadata commits fail, or an administrator abandoned the cache with 'detach
 --abandon': the module does not load it again); the lowest applies.
 Entries of a commit that did not finish are ignored, as the module ignores
 them.  Entries of another format generation (an earlier format's, or bytes
-the device held before) are free slots, counted apart, not errors.")]
+the device held before) are free slots, counted apart, not errors.
+
+--mark-failed writes the failed mark instead, as 'detach --abandon' does:
+for a cache device whose mark 'detach --abandon' could not write (it
+prints this command).  The device is opened exclusively (exit 4 while it
+is held or mounted); its superblock must be the cache of the device of dm
+uuid --uuid (TIERCACHE-NAME for a device made by this tool, as 'check'
+prints it; a superblock without uuid matches any) and, with
+--origin-sectors, of an origin of that length: else nothing is written
+(exit 4).  Exit 0 once marked (or marked already), 10 if it cannot be
+read or written, 11 or 12 if it holds no valid superblock to mark (no
+module loads it either).")]
     Check {
         /// Cache device or image file
         device: String,
         /// Machine-readable output
         #[arg(long)]
         json: bool,
+        /// Mark the superblock failed (for a cache given up with 'detach --abandon')
+        #[arg(long, requires = "uuid", conflicts_with = "json")]
+        mark_failed: bool,
+        /// With --mark-failed: the dm uuid of the device it must be the cache of
+        #[arg(long, value_name = "UUID", requires = "mark_failed")]
+        uuid: Option<String>,
+        /// With --mark-failed: the length of that device, in sectors
+        #[arg(long, value_name = "N", requires = "mark_failed")]
+        origin_sectors: Option<u64>,
     },
     /// Show the superblock and the entries of a cache device
     #[command(after_help = "\
@@ -560,8 +586,18 @@ fn plan(cmd: Cmd) -> Result<Action> {
             let o = wait.to_opts()?;
             Action::Dm(Box::new(move |c| c.deactivate(all, &names, o)))
         }
-        Cmd::Check { device, json } => Action::Offline(Box::new(move |out, err| {
-            meta::check(&device, json, out, err)
+        Cmd::Check {
+            device,
+            json,
+            mark_failed,
+            uuid,
+            origin_sectors,
+        } => Action::Offline(Box::new(move |out, err| {
+            if mark_failed {
+                meta::mark_failed(&device, uuid.as_deref().unwrap_or(""), origin_sectors, out)
+            } else {
+                meta::check(&device, json, out, err)
+            }
         })),
         Cmd::Dump { device, json, all } => Action::Offline(Box::new(move |out, err| {
             meta::dump(&device, json, all, out, err)

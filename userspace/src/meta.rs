@@ -313,6 +313,50 @@ pub fn check(path: &str, json: bool, out: &mut dyn Write, err: &mut dyn Write) -
     }
 }
 
+/// `tiercache check DEV --mark-failed --uuid UUID [--origin-sectors N]`:
+/// mark the superblock of a cache device failed, offline, as `detach
+/// --abandon` does: for a cache device whose mark it could not write.
+/// Opened exclusively; only the cache of the device of dm uuid `uuid`
+/// (and length `origin_sectors`) is marked (`disk::mark_failed`).
+pub fn mark_failed(
+    path: &str,
+    uuid: &str,
+    origin_sectors: Option<u64>,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let dev = Dev::open(path, Access::WriteExclusive)?;
+    let want = disk::MarkWant {
+        devno: None,
+        uuid: Some(uuid.to_string()),
+        origin_sectors,
+    };
+    let marked = disk::mark_failed(&dev, &want).map_err(|e| match e.kind {
+        Kind::NoSuperblock | Kind::BadSuperblock => e.hint(
+            "there is no valid superblock to mark: no module loads this device as it reads now; wipe or format it before any other use",
+        ),
+        Kind::Busy if e.hint.is_none() => e.hint(format!(
+            "'tiercache check {path}' shows whose cache it is: is it the device you meant?"
+        )),
+        _ => e,
+    })?;
+    let owner = match disk::read_superblock(&dev).ok().and_then(|r| r.sb) {
+        Some(sb) if !sb.uuid.is_empty() => format!(" (cache of {})", sb.uuid),
+        _ => String::new(),
+    };
+    let _ = if marked {
+        writeln!(
+            out,
+            "{path}{owner}: superblock marked failed: no module loads it again (format it to reuse the device)"
+        )
+    } else {
+        writeln!(
+            out,
+            "{path}{owner}: superblock marked failed already: nothing written"
+        )
+    };
+    Ok(())
+}
+
 fn add_check_hint(e: Error, path: &str) -> Error {
     if e.hint.is_some() {
         return e;

@@ -584,6 +584,76 @@ fn check_reports_a_superblock_marked_failed() {
 }
 
 #[test]
+fn check_mark_failed_marks_only_the_cache_named() {
+    let d = TempDir::new("markfailed");
+    let img = image();
+    let p = d.file("cache.img", &img);
+    let mark = |uuid: &str, origin: Option<u64>| {
+        let mut out = vec![];
+        let r = mark_failed(&p, uuid, origin, &mut out);
+        (r, String::from_utf8(out).unwrap())
+    };
+    // The cache of another device, or of another origin: nothing written.
+    for (uuid, origin, why) in [
+        ("TIERCACHE-u", None, "(uuid TIERCACHE-t, not TIERCACHE-u)"),
+        (
+            "TIERCACHE-t",
+            Some(8192),
+            "(an origin of 16384 sectors, not 8192)",
+        ),
+    ] {
+        let (r, out) = mark(uuid, origin);
+        let e = r.unwrap_err();
+        assert_eq!((e.kind, e.kind.exit_code()), (Kind::Busy, 4));
+        assert_eq!(
+            e.msg,
+            format!("{p}: its superblock is the cache of another device {why}; not marked")
+        );
+        assert!(e.hint.unwrap().contains(&format!("'tiercache check {p}'")));
+        assert_eq!(out, "");
+        assert!(std::fs::read(&p).unwrap() == img);
+    }
+    // The one named: marked, and check then says so (exit 15); the rest
+    // of the device as it was.
+    let (r, out) = mark("TIERCACHE-t", Some(ORIGIN_SECTORS));
+    r.unwrap();
+    assert_eq!(
+        out,
+        format!("{p} (cache of TIERCACHE-t): superblock marked failed: no module loads it again (format it to reuse the device)\n")
+    );
+    let after = std::fs::read(&p).unwrap();
+    assert!(after[disk::SB_BYTES..] == img[disk::SB_BYTES..]);
+    let (_, r) = run_check(&p);
+    assert_eq!(r.unwrap_err().kind, Kind::SbFailed);
+    // Again: marked already, nothing written.
+    let (r, out) = mark("TIERCACHE-t", None);
+    r.unwrap();
+    assert!(
+        out.ends_with(": superblock marked failed already: nothing written\n"),
+        "{out}"
+    );
+    assert!(std::fs::read(&p).unwrap() == after);
+
+    // Nothing to mark: blank (11), corrupt (12), with a hint.
+    let blank = d.file("blank.img", &vec![0u8; (CACHE_SECTORS * 512) as usize]);
+    let e = mark_failed(&blank, "TIERCACHE-t", None, &mut vec![]).unwrap_err();
+    assert_eq!(e.kind.exit_code(), 11);
+    assert!(e
+        .hint
+        .unwrap()
+        .contains("no module loads this device as it reads now"));
+    let mut bad = image();
+    bad[100] ^= 1;
+    let badp = d.file("bad.img", &bad);
+    let e = mark_failed(&badp, "TIERCACHE-t", None, &mut vec![]).unwrap_err();
+    assert_eq!(e.kind.exit_code(), 12);
+    assert!(std::fs::read(&badp).unwrap() == bad);
+    // No such file (10).
+    let e = mark_failed(&format!("{p}.none"), "TIERCACHE-t", None, &mut vec![]).unwrap_err();
+    assert_eq!(e.kind.exit_code(), 10);
+}
+
+#[test]
 fn dump_shows_the_failed_mark() {
     let d = TempDir::new("dumpfailed");
     let p = d.file("cache.img", &failed_image(&entries()));

@@ -143,6 +143,22 @@ fn uuid_for(name: &str) -> String {
     format!("{UUID_PREFIX}{name}")
 }
 
+/// The offline command that marks the superblock of the cache device
+/// `dev` failed, for the device of dm uuid `uuid` and length
+/// `origin_sectors`.
+fn mark_failed_command(uuid: Option<&str>, origin_sectors: u64, dev: &str) -> String {
+    let u = uuid.unwrap_or("");
+    let plain = !u.is_empty()
+        && u.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._+-:#".contains(c));
+    let u = if plain {
+        u.to_string()
+    } else {
+        format!("'{u}'")
+    };
+    format!("tiercache check --mark-failed --uuid {u} --origin-sectors {origin_sectors} {dev}")
+}
+
 fn parse_devno(s: &str) -> Option<(u32, u32)> {
     let (a, b) = s.split_once(':')?;
     Some((a.parse().ok()?, b.parse().ok()?))
@@ -1868,7 +1884,25 @@ impl<'a> Ctx<'a> {
     /// unless the module reports the cache device failed, or `force` (a
     /// cache device that hangs rather than fails).
     pub fn abandon(&self, name: &str, mode: DetachCache, yes: bool, force: bool) -> Result<()> {
-        let cd = self.cache_dev(name)?;
+        let cd = match self.classify(name)? {
+            Some(DevKind::Cached(c)) => *c,
+            Some(DevKind::Detached { info, table }) => {
+                let len = table.iter().map(|t| t.len).sum();
+                return Err(not_found(format!(
+                    "{name}: not a cache any more: detached (or abandoned), now a linear mapping of its origin; nothing to abandon"
+                ))
+                .hint(format!(
+                    "if 'detach --abandon' could not mark the superblock of its cache device failed, mark it offline: '{}'",
+                    mark_failed_command(info.uuid.as_deref(), len, "CACHE_DEV")
+                )));
+            }
+            _ => {
+                return Err(self.cache_dev(name).err().unwrap_or_else(|| {
+                    failure(format!("{name}: changed while it was looked at"))
+                        .hint("run the command again")
+                }))
+            }
+        };
         let st = &cd.status;
         let origin_dev = cd.table.origin.clone();
         let cache_dev = cd.table.cache.clone();
@@ -1958,13 +1992,29 @@ impl<'a> Ctx<'a> {
         let mut warn = vec![];
         self.unmark_released(name, origin_lv.as_ref(), cache_lv.as_ref(), &mut warn);
         // Marked before an --uncache removes the LV: a new LV on the same
-        // extents must not find a loadable superblock there either.
-        let mark_note = self.mark_abandoned(&cd, cache_lv.as_ref());
+        // extents must not find a loadable superblock there either.  If
+        // it cannot be marked, the LV is kept for a retry.
+        let mark = self.mark_abandoned(&cd, cache_lv.as_ref());
+        let mode = match (&mark, cache_lv.as_ref()) {
+            (Err(_), Some(l)) if mode == DetachCache::Uncache => {
+                errln!(
+                    self,
+                    "tiercache: warning: {name}: the cache LV {} is kept, not removed (--uncache): its superblock is not marked failed",
+                    l.full_name()
+                );
+                DetachCache::Split
+            }
+            _ => mode,
+        };
         let lv_note = self.release_cache_lv(&cache_dev, cache_lv.as_ref(), mode, &mut warn);
         let lost_note = if lost == 0 {
             "no dirty blocks lost".to_string()
         } else {
             format!("{} lost", dirty(lost))
+        };
+        let mark_note = match &mark {
+            Ok(note) => note.as_str(),
+            Err(_) => "its superblock NOT marked failed",
         };
         let done = self.detach_done(
             name,
@@ -1974,14 +2024,19 @@ impl<'a> Ctx<'a> {
             &format!("{lost_note}; {lv_note}, {mark_note}"),
             &warn,
         );
-        match (still_suspended, done) {
-            (Some(e), Err(d)) => {
-                errln!(self, "tiercache: warning: {}", d.msg);
-                Err(e)
-            }
-            (Some(e), Ok(())) => Err(e),
-            (None, done) => done,
+        // The most pressing first; the others as warnings.
+        let errors: Vec<Error> = [still_suspended, mark.err(), done.err()]
+            .into_iter()
+            .flatten()
+            .collect();
+        let mut errors = errors.into_iter();
+        let Some(first) = errors.next() else {
+            return Ok(());
+        };
+        for e in errors {
+            errln!(self, "tiercache: warning: {}", e.msg);
         }
+        Err(first)
     }
 
     /// The resume that should have swapped in the linear table failed
@@ -2203,11 +2258,15 @@ impl<'a> Ctx<'a> {
     /// Mark the superblock of the abandoned cache device of `cd` failed;
     /// says how it went.  Only the device recorded before the question
     /// (its number, fstat of the node opened exclusively), and only the
-    /// cache of this device (the superblock's uuid and origin length).  A
-    /// failure is a warning, not an error: the device is linear already.
-    fn mark_abandoned(&self, cd: &CacheDev, cache_lv: Option<&LvInfo>) -> String {
+    /// cache of this device (the superblock's uuid and origin length).
+    /// A superblock that is blank or does not decode is not marked (a
+    /// warning): no module loads it as it reads.  Any other failure is
+    /// an error, which says the device is linear already and how to
+    /// retry the mark.
+    fn mark_abandoned(&self, cd: &CacheDev, cache_lv: Option<&LvInfo>) -> Result<String> {
         let name = &cd.info.name;
         let cache_dev = &cd.table.cache;
+        let cache_name = self.describe(cache_dev);
         let devno = parse_devno(cache_dev);
         let path = cache_lv
             .map(|l| l.path.clone())
@@ -2217,29 +2276,45 @@ impl<'a> Ctx<'a> {
             uuid: cd.info.uuid.clone(),
             origin_sectors: Some(cd.len),
         };
-        let r = match (path, devno) {
+        let r = match (&path, devno) {
             (Some(path), Some(_)) => self
                 .host
-                .open_exclusive(&path)
+                .open_exclusive(path)
                 .and_then(|dev| disk::mark_failed(&*dev, &want)),
-            _ => Err(not_found(format!(
-                "no device node for {}",
-                self.describe(cache_dev)
-            ))),
+            _ => Err(not_found(format!("no device node for {cache_name}"))),
         };
-        match r {
-            Ok(true) => "its superblock marked failed (no module loads it again)".into(),
-            Ok(false) => "its superblock was marked failed already".into(),
-            Err(e) => {
-                errln!(
-                    self,
-                    "tiercache: warning: {name}: cannot mark the superblock of the cache device {} failed: {}; wipe or format the device before any other use: its metadata is stale and must not be loaded again",
-                    self.describe(cache_dev),
-                    e.msg
-                );
-                "its superblock NOT marked failed (see the warning)".into()
-            }
+        let e = match r {
+            Ok(true) => return Ok("its superblock marked failed (no module loads it again)".into()),
+            Ok(false) => return Ok("its superblock was marked failed already".into()),
+            Err(e) => e,
+        };
+        if matches!(e.kind, Kind::NoSuperblock | Kind::BadSuperblock) {
+            errln!(
+                self,
+                "tiercache: warning: {name}: the superblock of the cache device {cache_name} was not marked failed: {}; no module loads it as it reads now, but wipe or format the device before any other use",
+                e.msg
+            );
+            return Ok(if e.kind == Kind::NoSuperblock {
+                "it holds no superblock to mark".into()
+            } else {
+                "its superblock unreadable, not marked".into()
+            });
         }
+        let retry = mark_failed_command(
+            cd.info.uuid.as_deref(),
+            cd.len,
+            path.as_deref().unwrap_or("CACHE_DEV"),
+        );
+        Err(Error {
+            msg: format!(
+                "{name}: cache abandoned (/dev/mapper/{name} maps the origin directly now), but the superblock of its cache device {cache_name} could not be marked failed: {}",
+                e.msg
+            ),
+            hint: Some(format!(
+                "until it is marked, its stale dirty entries can be loaded again (by a set-up of the same name and origin); mark it once the device answers with '{retry}', or wipe it before any other use"
+            )),
+            ..e
+        })
     }
 
     // ----------------------------------------------------------------

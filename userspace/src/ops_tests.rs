@@ -1050,39 +1050,131 @@ fn abandon_asks_for_the_device_name() {
 }
 
 #[test]
-fn abandon_warns_if_the_superblock_cannot_be_marked() {
+fn abandon_fails_if_the_superblock_cannot_be_marked() {
+    // The cache device takes no write (likely, on a failed device): the
+    // device is linear, but the command fails and says how to retry.
     let t = T::new();
     t.cached("c", 0);
     t.image("/dev/fast", &Meta::new("c", FAST, SLOW));
     fail_cache(&t, "c", 0, -5);
     t.host.sb_write_error.set(true);
-    t.ctx()
+    let e = t
+        .ctx()
         .abandon("c", DetachCache::Split, true, false)
-        .unwrap();
+        .unwrap_err();
+    assert_eq!((e.kind, e.kind.exit_code()), (Kind::Unreadable, 10));
+    assert_eq!(
+        e.msg,
+        "c: cache abandoned (/dev/mapper/c maps the origin directly now), but the superblock of its \
+         cache device dev8:32 could not be marked failed: /dev/fast: write error at byte 0: Input/output error"
+    );
+    let hint = e.hint.unwrap();
+    assert!(
+        hint.contains(
+            "mark it once the device answers with \
+             'tiercache check --mark-failed --uuid TIERCACHE-c --origin-sectors 524288 /dev/fast', \
+             or wipe it before any other use"
+        ),
+        "{hint}"
+    );
     assert!(matches!(
         t.ctx().classify("c").unwrap(),
         Some(DevKind::Detached { .. })
     ));
-    let err = t.err.text();
-    assert!(
-        err.contains(
-            "tiercache: warning: c: cannot mark the superblock of the cache device dev8:32 failed: \
-             /dev/fast: write error at byte 0: Input/output error; wipe or format the device"
-        ),
-        "{err}"
-    );
+    assert!(!sb_of(&t, "/dev/fast").failed());
     let o = t.out.text();
     assert!(
-        o.contains("it holds no dirty blocks, nothing is lost"),
-        "{o}"
-    );
-    assert!(
         o.contains(
-            "no dirty blocks lost; cache dev8:32 released, its superblock NOT marked failed"
+            "no dirty blocks lost; cache dev8:32 released, its superblock NOT marked failed\n"
         ),
         "{o}"
     );
-    assert!(!sb_of(&t, "/dev/fast").failed());
+    // Once more: the device is detached, the cache device unknown; the
+    // offline command, with what is known of it.
+    let e = t
+        .ctx()
+        .abandon("c", DetachCache::Split, true, false)
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::NotFound);
+    assert!(e.msg.contains("not a cache any more"), "{}", e.msg);
+    assert!(
+        e.hint.as_deref().unwrap().contains(
+            "'tiercache check --mark-failed --uuid TIERCACHE-c --origin-sectors 524288 CACHE_DEV'"
+        ),
+        "{:?}",
+        e.hint
+    );
+
+    // Nor a read; and --uncache keeps the LV, for the retry.
+    let t = T::new();
+    attach(&t);
+    t.image("/dev/vg/fast", &Meta::new("slow", FAST, SLOW).dirty(3));
+    fail_cache(&t, "slow", 3, -5);
+    t.host.sb_read_error.set(true);
+    let e = t
+        .ctx()
+        .abandon("slow", DetachCache::Uncache, true, false)
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::Unreadable);
+    assert!(e.msg.ends_with(
+        "could not be marked failed: /dev/vg/fast: read error at byte 0: Input/output error"
+    ));
+    assert!(!t.lvm.log.borrow().contains(&"remove vg/fast".to_string()));
+    assert!(t.err.text().contains(
+        "tiercache: warning: slow: the cache LV vg/fast is kept, not removed (--uncache): its superblock is not marked failed"
+    ));
+    assert!(t
+        .out
+        .text()
+        .contains("cache LV vg/fast kept, its superblock NOT marked failed"));
+    // Released all the same.
+    assert!(!t.lvm.get("vg", "fast").has_tag(TAG_CACHE));
+    assert!(!t.host.files.borrow()[CONF].contains("vg/slow"));
+
+    // A blank or corrupt superblock: no module loads it, nothing to
+    // mark: a warning (not of stale metadata), exit 0.
+    for (img, note, why) in [
+        (
+            vec![0u8; 4096],
+            "it holds no superblock to mark",
+            "/dev/fast: no tiercache superblock",
+        ),
+        (
+            {
+                let mut b = Meta::new("c", FAST, SLOW).bytes();
+                b[100] ^= 1;
+                b
+            },
+            "its superblock unreadable, not marked",
+            "/dev/fast: superblock checksum mismatch (torn or corrupt)",
+        ),
+    ] {
+        let t = T::new();
+        t.cached("c", 0);
+        t.raw_image("/dev/fast", img);
+        fail_cache(&t, "c", 0, -5);
+        t.ctx()
+            .abandon("c", DetachCache::Split, true, false)
+            .unwrap();
+        let err = t.err.text();
+        assert!(
+            err.starts_with(&format!(
+                "tiercache: warning: c: the superblock of the cache device dev8:32 was not marked failed: {why}"
+            )) && err.contains(
+                "; no module loads it as it reads now, but wipe or format the device before any other use\n"
+            ),
+            "{err}"
+        );
+        assert!(!err.contains("stale"), "{err}");
+        assert!(
+            t.out
+                .text()
+                .contains(&format!("cache dev8:32 released, {note}\n")),
+            "{}",
+            t.out.text()
+        );
+        assert!(t.host.marked.borrow().is_empty());
+    }
 
     // Marked already (by the module, when a commit failed): nothing written.
     let t = T::new();
@@ -1458,21 +1550,37 @@ fn abandon_marks_only_the_cache_of_this_device() {
         let r = t.ctx().abandon("slow", DetachCache::Split, true, false);
         (t, r)
     };
+    // Each refusal fails the command (the device is linear already).
+    let refused = |t: &T, r: crate::error::Result<()>, kind: Kind, why: &str| {
+        let e = r.unwrap_err();
+        assert_eq!(e.kind, kind, "{}", e.msg);
+        assert!(
+            e.msg.starts_with(
+                "slow: cache abandoned (/dev/mapper/slow maps the origin directly now), but the superblock \
+                 of its cache device dev253:2 could not be marked failed: "
+            ) && e.msg.ends_with(why),
+            "{}",
+            e.msg
+        );
+        assert!(t.host.marked.borrow().is_empty());
+        assert!(!sb_of(t, "/dev/vg/fast").failed());
+        assert!(matches!(
+            t.ctx().classify("slow").unwrap(),
+            Some(DevKind::Detached { .. })
+        ));
+    };
     // The LV's node names another device now (the LV was replaced).
-    let (t, _) = abandon(&|t| {
+    let (t, r) = abandon(&|t| {
         t.host
             .node_devno
             .borrow_mut()
             .insert("/dev/vg/fast".into(), (253, 7));
     });
-    assert!(t.host.marked.borrow().is_empty());
-    assert!(!sb_of(&t, "/dev/vg/fast").failed());
-    assert!(
-        t.err.text().contains(
-            "/dev/vg/fast: not the cache device: it is device 253:7, the cache device was 253:2; not marked"
-        ),
-        "{}",
-        t.err.text()
+    refused(
+        &t,
+        r,
+        Kind::NotFound,
+        "/dev/vg/fast: not the cache device: it is device 253:7, the cache device was 253:2; not marked",
     );
     // Its superblock is another device's cache, or of another origin.
     for (meta, why) in [
@@ -1485,29 +1593,24 @@ fn abandon_marks_only_the_cache_of_this_device() {
             "(an origin of 262144 sectors, not 524288)",
         ),
     ] {
-        let (t, _) = abandon(&|t| t.image("/dev/vg/fast", &meta));
-        assert!(t.host.marked.borrow().is_empty());
-        assert!(!sb_of(&t, "/dev/vg/fast").failed());
-        assert!(
-            t.err.text().contains(&format!(
+        let (t, r) = abandon(&|t| t.image("/dev/vg/fast", &meta));
+        refused(
+            &t,
+            r,
+            Kind::Busy,
+            &format!(
                 "/dev/vg/fast: its superblock is the cache of another device {why}; not marked"
-            )),
-            "{}",
-            t.err.text()
+            ),
         );
     }
     // Held by someone (exclusive open refused).
-    let (t, _) = abandon(&|t| {
+    let (t, r) = abandon(&|t| {
         t.host
             .users
             .borrow_mut()
             .insert((253, 2), "mounted on /mnt".into());
     });
-    assert!(t.host.marked.borrow().is_empty());
-    assert!(t
-        .err
-        .text()
-        .contains("/dev/vg/fast: in use (mounted on /mnt)"));
+    refused(&t, r, Kind::Busy, "/dev/vg/fast: in use (mounted on /mnt)");
     // A superblock without uuid (any device's): marked.
     let (t, r) = abandon(&|t| {
         let mut m = Meta::new("slow", FAST, SLOW);
