@@ -44,6 +44,9 @@ pub enum Kind {
     /// cache device's metadata commits fail, or an administrator abandoned
     /// the cache.  The module does not load it again.
     SbFailed = 15,
+    /// A question was not answered as asked (the device name for `detach
+    /// --abandon`): nothing was changed.
+    NotConfirmed = 16,
 }
 
 impl Kind {
@@ -171,6 +174,7 @@ mod tests {
         assert_eq!(Kind::BadEntries.exit_code(), 13);
         assert_eq!(Kind::DuplicateDirty.exit_code(), 14);
         assert_eq!(Kind::SbFailed.exit_code(), 15);
+        assert_eq!(Kind::NotConfirmed.exit_code(), 16);
     }
 
     #[test]

@@ -21,10 +21,11 @@ const EXIT_CODES: &str = "\
 Exit status:
   0  success
   1  failure (an ioctl or LVM command failed)
-  2  bad command line (unknown option, invalid value)
+  2  bad command line (unknown option, invalid value; --abandon without
+     --yes and without a terminal to ask on)
   3  no such device, logical volume or configuration entry
   4  a device is in use or a name is taken
-  5  refused: dirty data would be lost
+  5  refused: dirty data would be lost (--abandon: the cache has not failed)
   6  the target reported a writeback error (flush failed)
   7  timed out
   8  the kernel's answer was not understood, or the target is missing
@@ -35,6 +36,7 @@ Exit status:
  13  corrupt metadata entries
  14  duplicate dirty entries (one origin block dirty in several slots)
  15  the superblock is marked failed (the cache device failed, or was abandoned)
+ 16  not confirmed: the question was not answered with the device name
 
 Units: sizes take a suffix (s = 512-byte sectors, b, K, M, G); a bare number
 is KiB.  Keys ending in _kb are KiB, watermarks are percent of the cache.";
@@ -317,21 +319,22 @@ directly).  'tiercache remove NAME' drops the mapping once unused.
 --abandon is the way out of a failed cache device ('tiercache status'
 shows FAILED): no flush, no cleaner mode.  The dirty blocks only the cache
 holds are lost: those blocks read as the origin's older data.  It says how
-many, asks to type the device name (--yes: no question; without a terminal
-and without --yes it refuses), swaps the table for the linear mapping and
-releases the cache as above, and marks the cache device's superblock
-failed: no module loads it again ('tiercache create' or 'attach' with
---format reuses it; 'tiercache writeback --force' still copies its dirty
-blocks offline).  Only the device recorded before the question is marked,
-and only if its superblock is this device's cache (uuid, origin length).
-If the mark cannot be written (likely on a failed device), the command
-fails (exit 10; 4 if the device is held or is another device's cache)
-although the device is linear already, and prints the command that marks
-it offline once the device answers, 'tiercache check --mark-failed' (an
---uncache then keeps the LV).  A blank or unreadable superblock is not
-marked, with a warning: no module loads it.  --abandon is refused (exit 5)
-on a cache the module does not report failed, unless --force (a cache
-device that hangs instead of failing).")]
+many, asks to type the device name, the loss in the question (--yes: no
+question; without a terminal and without --yes it refuses, exit 2; another
+answer: exit 16), swaps the table for the linear mapping and releases the
+cache as above, and marks the cache device's superblock failed: no module
+loads it again ('tiercache create' or 'attach' with --format reuses it;
+'tiercache writeback --force' still copies its dirty blocks offline).
+Only the device recorded before the question is marked, and only if its
+superblock is this device's cache (uuid, origin length).  If the mark
+cannot be written (likely on a failed device), the command fails (exit
+10; 4 if the device is held or is another device's cache) although the
+device is linear already, and prints the command that marks it offline
+once the device answers, 'tiercache check --mark-failed' (an --uncache
+then keeps the LV).  A blank or unreadable superblock is not marked, with
+a warning: no module loads it.  --abandon is refused (exit 5) on a cache
+the module does not report failed, unless --force (a cache device that
+hangs instead of failing).")]
     Detach {
         name: String,
         /// Keep the cache LV (default)

@@ -1922,12 +1922,17 @@ impl<'a> Ctx<'a> {
                 Some(_) => format!("the cache device {cache_name} has not failed"),
                 None => "the module does not report whether the cache device failed (no status field 23: an older module)".to_string(),
             };
+            let what = if st.dirty_blocks == 0 {
+                format!("it holds no dirty blocks: 'tiercache detach {name}' detaches it without a loss")
+            } else {
+                format!(
+                    "--abandon would lose its {}, which 'tiercache detach {name}' writes back first",
+                    dirty(st.dirty_blocks)
+                )
+            };
             return Err(Error::new(
                 Kind::Dirty,
-                format!(
-                    "{name}: refusing to abandon the cache: {why}; --abandon would lose its {}, which 'tiercache detach {name}' writes back first",
-                    dirty(st.dirty_blocks)
-                ),
+                format!("{name}: refusing to abandon the cache: {why}; {what}"),
             )
             .hint(format!(
                 "use 'tiercache detach {name}' (it flushes); add --force only for a cache device that hangs instead of failing"
@@ -1958,7 +1963,12 @@ impl<'a> Ctx<'a> {
             ),
         }
         if !yes {
-            self.confirm_abandon(name)?;
+            let what = if st.dirty_blocks == 0 {
+                "its cache (it holds no dirty blocks)".to_string()
+            } else {
+                format!("its cache and lose its {}", dirty(st.dirty_blocks))
+            };
+            self.confirm_abandon(name, &what)?;
         }
 
         // No flush, no cleaner: the linear table replaces the cache as it is.
@@ -2223,11 +2233,13 @@ impl<'a> Ctx<'a> {
         Ok(st)
     }
 
-    /// Ask for the device name on the terminal.
-    fn confirm_abandon(&self, name: &str) -> Result<()> {
+    /// Ask for the device name on the terminal, to abandon `what`.  No
+    /// terminal: a usage error (exit 2: --yes is needed); another answer:
+    /// exit 16.
+    fn confirm_abandon(&self, name: &str, what: &str) -> Result<()> {
         if !self.host.stdin_is_tty() {
             return Err(Error::new(
-                Kind::Dirty,
+                Kind::Usage,
                 format!(
                     "{name}: refusing to abandon the cache without a confirmation, and stdin is not a terminal to ask for one"
                 ),
@@ -2236,14 +2248,14 @@ impl<'a> Ctx<'a> {
         }
         {
             let mut err = self.err.borrow_mut();
-            let _ = write!(err, "Type the device name ({name}) to abandon its cache: ");
+            let _ = write!(err, "Type the device name ({name}) to abandon {what}: ");
             let _ = err.flush();
         }
         let answer = self.host.read_line()?;
         match answer.as_deref().map(str::trim) {
             Some(a) if a == name => Ok(()),
             a => Err(Error::new(
-                Kind::Dirty,
+                Kind::NotConfirmed,
                 format!(
                     "{name}: not confirmed ({}): nothing was changed",
                     match a {

@@ -925,6 +925,22 @@ fn abandon_is_refused_on_a_cache_that_did_not_fail() {
         .abandon("c", DetachCache::Split, true, false)
         .unwrap_err();
     assert!(e.msg.contains("no status field 23"), "{}", e.msg);
+    // Nothing dirty: no "would lose its 0 dirty blocks".
+    t.dm.with("c", |d| {
+        let s = d.sim.as_mut().unwrap();
+        s.nr_fields = None;
+        s.dirty = 0;
+    });
+    let e = t
+        .ctx()
+        .abandon("c", DetachCache::Split, true, false)
+        .unwrap_err();
+    assert_eq!((e.kind, e.kind.exit_code()), (Kind::Dirty, 5));
+    assert_eq!(
+        e.msg,
+        "c: refusing to abandon the cache: the cache device dev8:32 has not failed; \
+         it holds no dirty blocks: 'tiercache detach c' detaches it without a loss"
+    );
     assert!(t.log().is_empty(), "nothing done: {:?}", t.log());
     assert!(t.host.marked.borrow().is_empty());
     assert!(matches!(
@@ -1000,12 +1016,12 @@ fn abandon_asks_for_the_device_name() {
     t.cached("c", 7);
     t.image("/dev/fast", &Meta::new("c", FAST, SLOW).dirty(7));
     fail_cache(&t, "c", 7, -5);
-    // No terminal, no --yes.
+    // No terminal, no --yes: exit 2, not 5 (the cache has failed).
     let e = t
         .ctx()
         .abandon("c", DetachCache::Split, false, false)
         .unwrap_err();
-    assert_eq!(e.kind, Kind::Dirty);
+    assert_eq!((e.kind, e.kind.exit_code()), (Kind::Usage, 2));
     assert!(e.msg.contains("stdin is not a terminal"), "{}", e.msg);
     assert!(e.hint.unwrap().contains("--yes"));
     // A terminal: the wrong name, then nothing at all.
@@ -1015,20 +1031,22 @@ fn abandon_asks_for_the_device_name() {
         .ctx()
         .abandon("c", DetachCache::Split, false, false)
         .unwrap_err();
-    assert_eq!(e.kind, Kind::Dirty);
+    assert_eq!((e.kind, e.kind.exit_code()), (Kind::NotConfirmed, 16));
     assert_eq!(
         e.msg,
         "c: not confirmed ('d' is not 'c'): nothing was changed"
     );
-    assert!(t
-        .err
-        .text()
-        .contains("Type the device name (c) to abandon its cache: "));
+    // The loss is in the question itself (stderr), not only on stdout.
+    assert_eq!(
+        t.err.text(),
+        "Type the device name (c) to abandon its cache and lose its 7 dirty blocks (28 KiB): "
+    );
     let e = t
         .ctx()
         .abandon("c", DetachCache::Split, false, false)
         .unwrap_err();
     assert!(e.msg.contains("(end of input)"), "{}", e.msg);
+    assert_eq!(e.kind, Kind::NotConfirmed);
     assert!(t.log().is_empty(), "nothing done: {:?}", t.log());
     assert!(t.host.marked.borrow().is_empty());
     assert!(t
@@ -1047,6 +1065,21 @@ fn abandon_asks_for_the_device_name() {
     assert!(t.out.text().contains(
         "7 dirty blocks (28 KiB) lost; cache dev8:32 released, its superblock marked failed"
     ));
+
+    // Nothing dirty: the question says so.
+    let t = T::new();
+    t.cached("c", 0);
+    t.image("/dev/fast", &Meta::new("c", FAST, SLOW));
+    fail_cache(&t, "c", 0, -5);
+    t.host.stdin_tty.set(true);
+    t.host.stdin.borrow_mut().push_back("c".into());
+    t.ctx()
+        .abandon("c", DetachCache::Split, false, false)
+        .unwrap();
+    assert!(t
+        .err
+        .text()
+        .starts_with("Type the device name (c) to abandon its cache (it holds no dirty blocks): "));
 }
 
 #[test]
