@@ -333,8 +333,12 @@ device is linear already, and prints the command that marks it offline
 once the device answers, 'tiercache check --mark-failed' (an --uncache
 then keeps the LV).  A blank or unreadable superblock is not marked, with
 a warning: no module loads it.  --abandon is refused (exit 5) on a cache
-the module does not report failed, unless --force (a cache device that
-hangs instead of failing).")]
+the module does not report failed, unless --force: for a cache device you
+know is bad although the module does not report it failed.  Neither is a
+way out of a cache device that hangs: the device is suspended, which waits
+for the IO in flight, and the module then commits its metadata to the
+cache device (with flush_on_suspend 1 it writes back first), so on a hung
+cache device --abandon waits too.")]
     Detach {
         name: String,
         /// Keep the cache LV (default)
@@ -349,7 +353,7 @@ hangs instead of failing).")]
         /// With --abandon: do not ask for confirmation
         #[arg(long, requires = "abandon")]
         yes: bool,
-        /// With --abandon: also a cache device the module does not report failed
+        /// With --abandon: also a cache device the module does not report failed (one known to be bad)
         #[arg(long, requires = "abandon")]
         force: bool,
         #[command(flatten)]

@@ -1882,7 +1882,9 @@ impl<'a> Ctx<'a> {
     /// configuration entry included), and its superblock is marked
     /// failed, so that no module loads its stale metadata again.  Refused
     /// unless the module reports the cache device failed, or `force` (a
-    /// cache device that hangs rather than fails).
+    /// cache device the administrator knows is bad).  Not a way out of a
+    /// cache device that hangs: the suspend waits for the IO in flight,
+    /// and the module's postsuspend commits metadata to the cache device.
     pub fn abandon(&self, name: &str, mode: DetachCache, yes: bool, force: bool) -> Result<()> {
         let cd = match self.classify(name)? {
             Some(DevKind::Cached(c)) => *c,
@@ -1935,7 +1937,7 @@ impl<'a> Ctx<'a> {
                 format!("{name}: refusing to abandon the cache: {why}; {what}"),
             )
             .hint(format!(
-                "use 'tiercache detach {name}' (it flushes); add --force only for a cache device that hangs instead of failing"
+                "use 'tiercache detach {name}' (it flushes); add --force only for a cache device you know is bad although the module does not report it failed"
             )));
         }
         if mode == DetachCache::Uncache && cache_lv.is_none() {

@@ -917,7 +917,10 @@ fn abandon_is_refused_on_a_cache_that_did_not_fail() {
         "{}",
         e.msg
     );
-    assert!(e.hint.unwrap().contains("--force"));
+    assert_eq!(
+        e.hint.as_deref(),
+        Some("use 'tiercache detach c' (it flushes); add --force only for a cache device you know is bad although the module does not report it failed")
+    );
     // A module without field 23 cannot say: refused too.
     t.dm.with("c", |d| d.sim.as_mut().unwrap().nr_fields = Some(22));
     let e = t
@@ -1228,7 +1231,8 @@ fn abandon_fails_if_the_superblock_cannot_be_marked() {
 
 #[test]
 fn abandon_force_and_uncache() {
-    // A cache device that hangs: not reported failed, --force.
+    // A cache device the administrator knows is bad: not reported
+    // failed, --force.
     let t = T::new();
     attach(&t);
     t.image("/dev/vg/fast", &Meta::new("slow", FAST, SLOW).dirty(4));
