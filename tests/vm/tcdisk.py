@@ -8,8 +8,9 @@ Pure functions over bytes: callers read the device.  tests/host/
 test_tcdisk.py checks it against the C decoder on images the C encoder
 wrote, and on synthetic ones.
 
-The superblock's flags: TC_SB_FAILED (the module saw the cache device
-fail, or an administrator abandoned the cache) is the only one defined; a
+The superblock's flags: TC_SB_FAILED (written by the module when a
+metadata commit failed, or by `tiercache detach --abandon` when an
+administrator gave the cache up) is the only one defined; a
 superblock with any other bit set does not decode (impossible fields).
 
 Format version 2: the superblock and every entry carry a format

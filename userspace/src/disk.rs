@@ -185,8 +185,9 @@ pub struct Superblock {
 }
 
 impl Superblock {
-    /// Marked failed: the module saw its metadata commits fail, or an
-    /// administrator abandoned the cache (`detach --abandon`).  The module
+    /// Marked failed: by the module when a metadata commit failed, or by
+    /// `detach --abandon` (`check --mark-failed`) when an administrator
+    /// gave the cache up.  The module
     /// does not load it again; the origin may hold newer data than its
     /// dirty blocks.
     pub fn failed(&self) -> bool {

@@ -40,9 +40,10 @@ pub enum Kind {
     BadEntries = 13,
     /// Several committed dirty entries name the same origin block.
     DuplicateDirty = 14,
-    /// The superblock is marked failed (TC_SB_FAILED): the module saw the
-    /// cache device's metadata commits fail, or an administrator abandoned
-    /// the cache.  The module does not load it again.
+    /// The superblock is marked failed (TC_SB_FAILED): by the module when
+    /// a metadata commit failed, or by `detach --abandon` (`check
+    /// --mark-failed`) when an administrator gave the cache up.  The
+    /// module does not load it again.
     SbFailed = 15,
     /// A question was not answered as asked (the device name for `detach
     /// --abandon`): nothing was changed.

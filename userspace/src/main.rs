@@ -35,7 +35,8 @@ Exit status:
  12  the superblock is corrupt, of an unknown version, or larger than the device
  13  corrupt metadata entries
  14  duplicate dirty entries (one origin block dirty in several slots)
- 15  the superblock is marked failed (the cache device failed, or was abandoned)
+ 15  the superblock is marked failed (by the module when a metadata commit
+     failed, or by 'detach --abandon' or 'check --mark-failed')
  16  not confirmed: the question was not answered with the device name
 
 Units: sizes take a suffix (s = 512-byte sectors, b, K, M, G); a bare number
@@ -395,9 +396,10 @@ prints a summary.  DEVICE may be a block device or an image file.  Exit
 status: 0 consistent, 10 cannot read the device, 11 no superblock (never
 formatted), 12 superblock corrupt or of an unknown version, 13 corrupt
 entries (each listed with its slot and the reason), 14 an origin block dirty
-in several slots, 15 the superblock is marked failed (the module saw its
-metadata commits fail, or an administrator abandoned the cache with 'detach
---abandon': the module does not load it again); the lowest applies.
+in several slots, 15 the superblock is marked failed (by the module when a
+metadata commit failed, or by 'detach --abandon' or 'check --mark-failed'
+when an administrator gave the cache up: the module does not load it
+again); the lowest applies.
 Entries of a commit that did not finish are ignored, as the module ignores
 them.  Entries of another format generation (an earlier format's, or bytes
 the device held before) are free slots, counted apart, not errors.

@@ -150,8 +150,9 @@ pub fn check_dev(dev: &dyn ReadAt) -> (CheckReport, Option<Error>) {
 }
 
 /// What the failed mark says.
-const FAILED_MARK: &str = "the superblock is marked failed: the module saw its metadata commits \
-     fail, or an administrator abandoned the cache (detach --abandon); the module does not load it again";
+const FAILED_MARK: &str = "the superblock is marked failed: by the module when a metadata commit \
+     failed, or by 'tiercache detach --abandon' (or 'check --mark-failed') when an administrator \
+     gave the cache up; the module does not load it again";
 
 fn plural<'a>(n: u64, one: &'a str, many: &'a str) -> &'a str {
     if n == 1 {
@@ -822,7 +823,7 @@ pub fn writeback(
             return Err(Error::new(
                 Kind::SbFailed,
                 format!(
-                    "{cache_path}: the superblock is marked failed (the module saw the cache device fail, or the cache was abandoned): writes acknowledged since went to the origin, which may hold newer data than these {} dirty {}: refusing to write them back",
+                    "{cache_path}: the superblock is marked failed (by the module when a metadata commit failed, or by 'tiercache detach --abandon' when the cache was given up): writes acknowledged since the failure went to the origin, which may hold newer data than these {} dirty {}: refusing to write them back",
                     dirty.len(),
                     plural(dirty.len() as u64, "block", "blocks")
                 ),

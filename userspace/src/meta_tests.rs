@@ -516,7 +516,7 @@ fn check_reports_a_superblock_marked_failed() {
     let e = r.unwrap_err();
     assert_eq!((e.kind, e.kind.exit_code()), (Kind::SbFailed, 15));
     assert!(
-        e.msg.starts_with(&format!("{p}: the superblock is marked failed: the module saw its metadata commits fail, or an administrator abandoned the cache")),
+        e.msg.starts_with(&format!("{p}: the superblock is marked failed: by the module when a metadata commit failed, or by 'tiercache detach --abandon' (or 'check --mark-failed') when an administrator gave the cache up")),
         "{}",
         e.msg
     );

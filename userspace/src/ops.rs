@@ -558,7 +558,7 @@ impl<'a> Ctx<'a> {
                 None if sbr.sb.as_ref().is_some_and(|sb| sb.failed()) => Err(Error::new(
                     Kind::SbFailed,
                     format!(
-                        "{name}: cache {}: its superblock is marked failed (the cache device failed, or the cache was abandoned): the module does not load it",
+                        "{name}: cache {}: its superblock is marked failed (by the module when a metadata commit failed, or by 'tiercache detach --abandon' when the cache was given up): the module does not load it",
                         s.cache
                     ),
                 )

@@ -2071,7 +2071,7 @@ fn a_cache_marked_failed_is_formatted_only_with_format() {
     assert_eq!((e.kind, e.kind.exit_code()), (Kind::SbFailed, 15));
     assert_eq!(
         e.msg,
-        "c: cache /dev/fast: its superblock is marked failed (the cache device failed, or the cache was abandoned): the module does not load it"
+        "c: cache /dev/fast: its superblock is marked failed (by the module when a metadata commit failed, or by 'tiercache detach --abandon' when the cache was given up): the module does not load it"
     );
     let h = e.hint.unwrap();
     assert!(
