@@ -458,8 +458,9 @@ mount uses either.  Refused on a bad superblock, on corrupt entries and on
 ambiguous (duplicate) dirty entries; --force writes back the rest and leaves
 those as they are.  Refused on a superblock marked failed: writes since the
 failure went to the origin, which may hold newer data than the dirty blocks;
---force writes them anyway (the mark stays).  Exit status as for check, 4
-when a device is in use.")]
+--force writes them anyway (the mark stays), and --dry-run without --force
+lists what --force would write, then exits 15.  Exit status as for check,
+4 when a device is in use.")]
     Writeback {
         /// The cache device (or image file)
         #[arg(long, value_name = "DEV")]

@@ -818,9 +818,12 @@ pub fn writeback(
         .hint("give the origin device the cache was set up with"));
     }
     let dirty = s.unique_dirty();
+    // Refused without --force; a dry run still lists what --force would
+    // write, and is refused at the end.
+    let mut refused = None;
     if sb.failed() && !dirty.is_empty() {
         if !force {
-            return Err(Error::new(
+            let e = Error::new(
                 Kind::SbFailed,
                 format!(
                     "{cache_path}: the superblock is marked failed (by the module when a metadata commit failed, or by 'tiercache detach --abandon' when the cache was given up): writes acknowledged since the failure went to the origin, which may hold newer data than these {} dirty {}: refusing to write them back",
@@ -828,12 +831,17 @@ pub fn writeback(
                     plural(dirty.len() as u64, "block", "blocks")
                 ),
             )
-            .hint("--force writes them back anyway, if you know the origin's copies of those blocks are older (nothing wrote to the device since the cache failed)"));
+            .hint("--force writes them back anyway, if you know the origin's copies of those blocks are older (nothing wrote to the device since the cache failed)");
+            if !dry_run {
+                return Err(e);
+            }
+            refused = Some(e);
+        } else if !dry_run {
+            let _ = writeln!(
+                err,
+                "tiercache: warning: {cache_path}: the superblock is marked failed; writing its dirty blocks back anyway (--force): they replace whatever the origin holds there"
+            );
         }
-        let _ = writeln!(
-            err,
-            "tiercache: warning: {cache_path}: the superblock is marked failed; writing its dirty blocks back anyway (--force): they replace whatever the origin holds there"
-        );
     }
     let bb = sb.layout.block_bytes();
     let runs = plan_runs(&dirty, bb, MAX_WRITE_BYTES);
@@ -859,7 +867,12 @@ pub fn writeback(
     if dry_run {
         let _ = writeln!(
             out,
-            "{cache_path}{owner}: would write {} dirty {} ({}) to {origin_path} in {} {}:",
+            "{cache_path}{owner}: {} {} dirty {} ({}) to {origin_path} in {} {}:",
+            if refused.is_some() {
+                "marked failed: refused without --force, which would write"
+            } else {
+                "would write"
+            },
             sum.blocks,
             plural(sum.blocks, "block", "blocks"),
             fmt_bytes(sum.bytes),
@@ -878,7 +891,10 @@ pub fn writeback(
             );
         }
         let _ = writeln!(out, "dry run: nothing written");
-        return Ok(sum);
+        return match refused {
+            Some(e) => Err(e),
+            None => Ok(sum),
+        };
     }
     for r in &runs {
         let data = read_run(&cache, &sb, r)?;

@@ -690,7 +690,8 @@ fn writeback_of_a_failed_cache_needs_force() {
     let cache = d.file("cache.img", &img);
     let origin = d.file("origin.img", &origin_image());
     for dry_run in [false, true] {
-        let e = writeback(&cache, &origin, dry_run, false, &mut vec![], &mut vec![]).unwrap_err();
+        let mut out = vec![];
+        let e = writeback(&cache, &origin, dry_run, false, &mut out, &mut vec![]).unwrap_err();
         assert_eq!((e.kind, e.kind.exit_code()), (Kind::SbFailed, 15));
         assert!(
             e.msg.contains("the superblock is marked failed")
@@ -700,9 +701,34 @@ fn writeback_of_a_failed_cache_needs_force() {
             e.msg
         );
         assert!(e.hint.unwrap().contains("--force"));
+        let out = String::from_utf8(out).unwrap();
+        if !dry_run {
+            assert_eq!(out, "");
+            continue;
+        }
+        // A dry run lists what --force would write, then is refused.
+        assert_eq!(
+            out,
+            format!(
+                "{cache} (cache of TIERCACHE-t): marked failed: refused without --force, which would write \
+                 4 dirty blocks (16 KiB) to {origin} in 2 writes:\n\
+                 \x20 origin blocks 10-12 (12 KiB at sector 80) from slots 7, 0-1\n\
+                 \x20 origin blocks 40 (4 KiB at sector 320) from slots 8\n\
+                 dry run: nothing written\n"
+            )
+        );
     }
     assert!(std::fs::read(&origin).unwrap() == origin_image());
     assert!(std::fs::read(&cache).unwrap() == img);
+    // A dry run with --force: the same list, exit 0, no "writing" warning.
+    let (mut out, mut err) = (vec![], vec![]);
+    let sum = writeback(&cache, &origin, true, true, &mut out, &mut err).unwrap();
+    assert_eq!((sum.blocks, sum.writes), (4, 2));
+    assert!(String::from_utf8(out)
+        .unwrap()
+        .contains(": would write 4 dirty blocks (16 KiB) to "));
+    assert!(err.is_empty());
+    assert!(std::fs::read(&origin).unwrap() == origin_image());
 
     // --force: written back, with a warning; the mark stays.
     let mut err = vec![];
