@@ -1878,9 +1878,12 @@ impl<'a> Ctx<'a> {
     /// origin's older data of those blocks shows through).  After a
     /// confirmation (the device name typed on a terminal, or `yes`), the
     /// table is swapped for a linear mapping of the origin as `detach`
-    /// does, the cache is released as `detach` releases it (the
-    /// configuration entry included), and its superblock is marked
-    /// failed, so that no module loads its stale metadata again.  Refused
+    /// does (once suspended, the device must still be what was confirmed:
+    /// `recheck_abandon`), the cache is released as `detach` releases it
+    /// (the configuration entry included), and its superblock is marked
+    /// failed, so that no module loads its stale metadata again
+    /// (`mark_abandoned`: a mark that cannot be written fails the command,
+    /// the device being linear already).  Refused
     /// unless the module reports the cache device failed, or `force` (a
     /// cache device the administrator knows is bad).  Not a way out of a
     /// cache device that hangs: the suspend waits for the IO in flight,
@@ -2047,6 +2050,9 @@ impl<'a> Ctx<'a> {
         };
         for e in errors {
             errln!(self, "tiercache: warning: {}", e.msg);
+            if let Some(h) = &e.hint {
+                errln!(self, "tiercache: hint: {h}");
+            }
         }
         Err(first)
     }

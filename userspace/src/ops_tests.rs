@@ -1526,6 +1526,30 @@ fn abandon_looks_at_the_table_after_a_failed_resume() {
     assert!(!t.host.files.borrow()[CONF].contains("vg/slow"));
     assert!(t.out.text().contains("slow: cache abandoned:"));
 
+    // Still suspended, and the mark fails too: the first is the error,
+    // the other a warning with its hint (the retry).
+    let t = T::new();
+    attach(&t);
+    t.image("/dev/vg/fast", &Meta::new("slow", FAST, SLOW).dirty(3));
+    fail_cache(&t, "slow", 3, -5);
+    t.dm.fail_resumes.set(2);
+    t.dm.fail_resume_after_swap.set(true);
+    t.host.sb_write_error.set(true);
+    let e = t
+        .ctx()
+        .abandon("slow", DetachCache::Split, true, false)
+        .unwrap_err();
+    assert!(e.msg.contains("is still suspended"), "{}", e.msg);
+    let err = t.err.text();
+    assert!(
+        err.contains(
+            "tiercache: warning: slow: cache abandoned (/dev/mapper/slow maps the origin directly now), \
+             but the superblock of its cache device dev253:2 could not be marked failed: "
+        ) && err.contains("tiercache: hint: until it is marked, ")
+            && err.contains("'tiercache check --mark-failed --uuid TIERCACHE-slow --origin-sectors 524288 /dev/vg/fast'"),
+        "{err}"
+    );
+
     // The swap itself failed: the cache table is still there.  Drop the
     // linear table, resume with the cache: not abandoned.
     let (t, r) = failed(1, false);
