@@ -159,6 +159,16 @@ fn mark_failed_command(uuid: Option<&str>, origin_sectors: u64, dev: &str) -> St
     format!("tiercache check --mark-failed --uuid {u} --origin-sectors {origin_sectors} {dev}")
 }
 
+/// The linear mapping of the origin of `cd`, over the same range.
+fn linear_of(cd: &CacheDev) -> [Target; 1] {
+    [Target::new(
+        cd.start,
+        cd.len,
+        "linear",
+        table::linear_params(&cd.table.origin),
+    )]
+}
+
 fn parse_devno(s: &str) -> Option<(u32, u32)> {
     let (a, b) = s.split_once(':')?;
     Some((a.parse().ok()?, b.parse().ok()?))
@@ -1780,12 +1790,7 @@ impl<'a> Ctx<'a> {
     /// as the inactive table.
     fn load_linear(&self, cd: &CacheDev) -> Result<()> {
         let name = &cd.info.name;
-        let linear = [Target::new(
-            cd.start,
-            cd.len,
-            "linear",
-            table::linear_params(&cd.table.origin),
-        )];
+        let linear = linear_of(cd);
         if let Err(e) = self.dm.load(name, &linear) {
             let why = self.host.kernel_error(cd.info.devno);
             let _ = self.dm.clear_inactive(name);
@@ -2065,12 +2070,7 @@ impl<'a> Ctx<'a> {
     /// cache is not abandoned (an error).
     fn abandon_resume_failed(&self, cd: &CacheDev, e: Error) -> Result<Option<Error>> {
         let name = &cd.info.name;
-        let linear = [Target::new(
-            cd.start,
-            cd.len,
-            "linear",
-            table::linear_params(&cd.table.origin),
-        )];
+        let linear = linear_of(cd);
         let table = match self.dm.table(name) {
             Ok(t) => t,
             Err(t) => {
