@@ -373,12 +373,13 @@ static int tc_map_flush(struct tc_cache *c, struct bio *bio)
 	/*
 	 * A failed cache takes no new data, but the dirty blocks it holds
 	 * (acknowledged, maybe only in the device's volatile cache) and the
-	 * dropped entries the disk may still record dirty (a crash would
-	 * bring their older data back) are durable only once the device
-	 * takes a commit: without them, the origin's flush is all.
+	 * entries the disk may still record dirty (written back or dropped
+	 * since: a crash would load them and bring their older data back)
+	 * need a commit, which flushes the device first: without them, the
+	 * origin's flush is all.
 	 */
 	if (dm_bio_get_target_bio_nr(bio) == 0 && tc_failed(c) &&
-	    !tc_nr_dirty(c) && !tc_meta_stale(c)) {
+	    !tc_nr_dirty(c) && !tc_meta_any_disk_dirty(c)) {
 		bio_endio(bio);
 		return DM_MAPIO_SUBMITTED;
 	}
@@ -522,6 +523,7 @@ static void tc_to_origin(struct tc_cache *c, struct bio *bio,
 {
 	DMERR_LIMIT("%s: cache device error on block %llu: using the origin",
 		    c->name, pb->block);
+	pb->to_cache = false;	/* its end_io must not take it back again */
 	if (bio_data_dir(bio) == WRITE) {
 		tc_drop_slot(c, pb);
 		/* taken back from the cache: it can only be resubmitted */
@@ -530,7 +532,6 @@ static void tc_to_origin(struct tc_cache *c, struct bio *bio,
 			return;
 		}
 	}
-	pb->to_cache = false;
 	bio->bi_iter = pb->iter;
 	bio->bi_status = BLK_STS_OK;
 	bio_set_dev(bio, c->origin_bdev);

@@ -112,8 +112,8 @@ void tc_meta_set(struct tc_cache *c, u32 slot, bool dirty)
 	spin_lock_irqsave(&m->lock, flags);
 	__set_bit(slot, m->want_valid);
 	__assign_bit(slot, m->want_dirty, dirty);
-	if (dirty)
-		__set_bit(slot, m->disk_dirty);
+	if (dirty && !__test_and_set_bit(slot, m->disk_dirty))
+		atomic64_inc(&m->nr_disk_dirty);
 	tc_meta_changed(c, slot);
 	spin_unlock_irqrestore(&m->lock, flags);
 }
@@ -134,6 +134,15 @@ void tc_meta_clear(struct tc_cache *c, u32 slot)
 			atomic_inc(&m->nr_stale);
 	}
 	spin_unlock_irqrestore(&m->lock, flags);
+}
+
+/*
+ * May any slot be dirty on disk?  Then a crash would load it: a flush
+ * needs a commit (one that records it clean, or makes its data durable).
+ */
+bool tc_meta_any_disk_dirty(struct tc_cache *c)
+{
+	return atomic64_read(&c->meta.nr_disk_dirty);
 }
 
 /* May the slot be dirty on disk (so it must not take another block)? */
@@ -422,8 +431,9 @@ static void tc_meta_after_commit(struct tc_cache *c)
 
 			spin_lock_irq(&m->lock);
 			if (test_bit(s, m->wrote_clean) &&
-			    !test_bit(s, m->want_dirty))
-				__clear_bit(s, m->disk_dirty);
+			    !test_bit(s, m->want_dirty) &&
+			    __test_and_clear_bit(s, m->disk_dirty))
+				atomic64_dec(&m->nr_disk_dirty);
 			if (!test_bit(s, m->disk_dirty) &&
 			    __test_and_clear_bit(s, m->stale))
 				atomic_dec(&m->nr_stale);
@@ -725,7 +735,8 @@ static int tc_meta_load_dirty(struct tc_cache *c, u32 slot, u64 block)
 	r = tc_index_load(c, slot, block);
 	if (r)
 		return r;
-	__set_bit(slot, c->meta.disk_dirty);
+	if (!__test_and_set_bit(slot, c->meta.disk_dirty))
+		atomic64_inc(&c->meta.nr_disk_dirty);
 	__set_bit(slot, c->meta.want_valid);
 	__set_bit(slot, c->meta.want_dirty);
 	return 0;

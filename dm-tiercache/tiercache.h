@@ -190,6 +190,7 @@ struct tc_meta {
 	unsigned long *changed;		/* metadata blocks changed */
 	unsigned long *snap;		/* blocks of the running commit */
 	unsigned long *disk_dirty;	/* slots maybe dirty on disk */
+	atomic64_t nr_disk_dirty;	/* bits set in disk_dirty */
 	unsigned long *pending_free;	/* freed slots waiting for a commit */
 	unsigned long *stale;		/* dropped, maybe dirty on disk */
 	atomic_t nr_stale;		/* bits set in stale */
@@ -381,6 +382,7 @@ void tc_meta_free(struct tc_cache *c);
 void tc_meta_set(struct tc_cache *c, u32 slot, bool dirty);
 void tc_meta_clear(struct tc_cache *c, u32 slot);
 bool tc_meta_disk_dirty(struct tc_cache *c, u32 slot);
+bool tc_meta_any_disk_dirty(struct tc_cache *c);
 bool tc_meta_defer_free(struct tc_cache *c, u32 slot);
 bool tc_meta_stale(struct tc_cache *c);
 void tc_meta_queue_bio(struct tc_cache *c, struct bio *bio);
