@@ -657,7 +657,8 @@ fn read_run(cache: &dyn ReadAt, sb: &Superblock, run: &Run) -> Result<Vec<u8>> {
 }
 
 /// Rewrite the entries of `done` as clean (same block and seq, valid
-/// checksum), metadata block by metadata block, then make it durable.
+/// checksum, no epoch), metadata block by metadata block, then make it
+/// durable.
 fn mark_clean(cache: &Dev, sb: &Superblock, done: &[DirtyRef]) -> Result<()> {
     let l = &sb.layout;
     let per = disk::entries_per_mblock();
@@ -674,14 +675,12 @@ fn mark_clean(cache: &Dev, sb: &Superblock, done: &[DirtyRef]) -> Result<()> {
             let raw = &mut buf[k..k + disk::ENTRY_BYTES];
             // The entry must still be the one we wrote back (we hold the
             // device exclusively; this guards against our own mistakes).
-            let e = disk::decode_entry(
-                raw,
-                d.slot,
-                sb.origin_blocks(),
-                sb.commit_seq,
-                sb.generation,
-            );
-            if e.state != EntryState::Dirty || e.block != Some(d.block) || e.seq != Some(d.seq) {
+            let e = disk::decode_entry(raw, d.slot, sb);
+            if e.state != EntryState::Dirty
+                || e.block != Some(d.block)
+                || e.seq != Some(d.seq)
+                || e.epoch != Some(d.epoch)
+            {
                 return Err(Error::new(
                     Kind::Failure,
                     format!(
@@ -698,6 +697,7 @@ fn mark_clean(cache: &Dev, sb: &Superblock, done: &[DirtyRef]) -> Result<()> {
                 false,
                 d.seq,
                 sb.generation,
+                0,
             ));
             i += 1;
         }

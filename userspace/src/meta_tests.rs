@@ -46,6 +46,7 @@ fn sb(commit_seq: u64) -> Superblock {
         version: disk::VERSION,
         generation: G,
         flags: 0,
+        epoch: 0,
     }
 }
 
@@ -97,7 +98,7 @@ fn check_consistent_image() {
     let (out, r) = run_check(&p);
     r.unwrap();
     for needle in [
-        "tiercache metadata, format version 2\n",
+        "tiercache metadata, format version 3\n",
         "uuid:        TIERCACHE-t",
         "origin:      8 MiB (16384 sectors, 2048 blocks)",
         "commit seq:  7",
@@ -120,7 +121,7 @@ fn check_consistent_image() {
     assert_eq!(v["counts"]["uncommitted"], 1);
     assert_eq!(v["superblock"]["commit_seq"], 7);
     assert_eq!(v["superblock"]["uuid"], "TIERCACHE-t");
-    assert_eq!(v["superblock"]["version"], 2);
+    assert_eq!(v["superblock"]["version"], 3);
     assert_eq!(v["superblock"]["generation"], G);
     assert_eq!(v["counts"]["foreign"], 0);
 }
@@ -158,7 +159,7 @@ fn check_exit_codes_per_corruption() {
     let mut img = image();
     let v = std::mem::offset_of!(ffi::tc_disk_sb, version);
     let c = std::mem::offset_of!(ffi::tc_disk_sb, csum);
-    img[v..v + 4].copy_from_slice(&3u32.to_le_bytes());
+    img[v..v + 4].copy_from_slice(&4u32.to_le_bytes());
     img[c..c + 4].fill(0);
     let crc = disk::crc(&img[..disk::SB_BYTES]);
     img[c..c + 4].copy_from_slice(&crc.to_le_bytes());
@@ -194,7 +195,7 @@ fn check_exit_codes_per_corruption() {
     // misdirected write, corrupt.
     let mut img = image();
     let o3 = entry_off(3);
-    img[o3..o3 + 32].copy_from_slice(&disk::encode_entry(4, 1, true, 1, G));
+    img[o3..o3 + 32].copy_from_slice(&disk::encode_entry(4, 1, true, 1, G, 0));
     let d = TempDir::new("slot");
     let (out, r) = run_check(&d.file("cache.img", &img));
     assert_eq!(r.unwrap_err().kind, Kind::BadEntries);
@@ -203,7 +204,7 @@ fn check_exit_codes_per_corruption() {
         "{out}"
     );
     // Another generation's entry in the wrong slot: foreign, not an error.
-    img[o3..o3 + 32].copy_from_slice(&disk::encode_entry(4, 1, true, 1, G - 1));
+    img[o3..o3 + 32].copy_from_slice(&disk::encode_entry(4, 1, true, 1, G - 1, 0));
     let (out, r) = run_check(&d.file("cache2.img", &img));
     r.unwrap();
     assert!(out.contains(" 1 foreign (of another"), "{out}");
@@ -287,7 +288,7 @@ fn dump_text_and_json() {
     dump(&p, false, false, &mut o, &mut vec![]).unwrap();
     let t = String::from_utf8(o).unwrap();
     assert!(t.contains("  commit_seq      7\n"), "{t}");
-    assert!(t.contains("  version         2\n"), "{t}");
+    assert!(t.contains("  version         3\n"), "{t}");
     assert!(t.contains("  generation      0x5eed0007\n"), "{t}");
     assert!(t.contains("  uuid            TIERCACHE-t\n"), "{t}");
     let rows: Vec<&str> = t
@@ -378,7 +379,7 @@ fn writeback_onto_a_file_origin() {
     // The entries are clean now, with their seq, and a second run has
     // nothing to do.
     let cimg = std::fs::read(&cache).unwrap();
-    let e = disk::decode_entry(&cimg[entry_off(7)..entry_off(7) + 32], 7, 2048, 7, G);
+    let e = disk::decode_entry(&cimg[entry_off(7)..entry_off(7) + 32], 7, &sb(7));
     assert_eq!(
         (e.state, e.block, e.seq),
         (EntryState::Clean, Some(10), Some(7))
@@ -778,7 +779,7 @@ fn version_1_image_still_reads() {
     let (out, r) = run_check(&p);
     r.unwrap();
     for needle in [
-        "format version 1 (the module writes version 2 from its first commit)",
+        "format version 1 (the module writes version 3 from its first commit)",
         "generation:  0x00000000",
         "4 dirty (16 KiB), 1 clean, 1 uncommitted (ignored), 0 corrupt",
     ] {
@@ -803,7 +804,8 @@ fn version_1_image_still_reads() {
     assert_eq!(sum.blocks, 4);
     let after = std::fs::read(&p).unwrap();
     assert_eq!(after[..512], img[..512], "the superblock is not rewritten");
-    let e = disk::decode_entry(&after[entry_off(7)..entry_off(7) + 32], 7, 2048, 7, 0);
+    let v1 = disk::decode_sb(&after).1.unwrap();
+    let e = disk::decode_entry(&after[entry_off(7)..entry_off(7) + 32], 7, &v1);
     assert_eq!((e.state, e.block), (EntryState::Clean, Some(10)));
     assert_eq!(&after[entry_off(7) + 28..entry_off(7) + 32], &[0u8; 4]);
 }
@@ -858,7 +860,7 @@ fn previous_generation_entry_reads_as_empty() {
     let new = sb(1);
     img[..disk::SB_BYTES].copy_from_slice(&disk::encode_sb(&new));
     let o = entry_off(30);
-    img[o..o + 32].copy_from_slice(&disk::encode_entry(30, 99, true, 1, G));
+    img[o..o + 32].copy_from_slice(&disk::encode_entry(30, 99, true, 1, G, 0));
     let d30 = new.layout.slot_offset(30) as usize;
     img[d30..d30 + 4096].fill(fill(99));
     let d = TempDir::new("oldgen");
@@ -904,6 +906,7 @@ fn runs_merge_adjacent_blocks_up_to_the_limit() {
             block: b,
             slot: 100 - i as u64,
             seq: 1,
+            epoch: 0,
         })
         .collect();
     let runs = plan_runs(&refs, 4096, 3 * 4096);

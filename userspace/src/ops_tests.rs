@@ -90,6 +90,7 @@ impl Meta {
             version: disk::VERSION,
             generation: self.generation,
             flags: self.flags,
+            epoch: 0,
         };
         let mut v = vec![0u8; (layout.meta_end_sector() * 512) as usize];
         v[..disk::SB_BYTES].copy_from_slice(&disk::encode_sb(&sb));
@@ -101,6 +102,7 @@ impl Meta {
                 dirty,
                 seq,
                 self.generation,
+                0,
             ));
         }
         v
