@@ -1063,13 +1063,19 @@ impl Survey {
                 .count() as u64
     }
 
-    /// The dirty entries that are the only one for their block.
-    pub fn unique_dirty(&self) -> Vec<DirtyRef> {
-        self.dirty
+    /// The dirty versions to write back, oldest epoch first and by
+    /// origin block within an epoch: every committed dirty entry but
+    /// those of a block with a duplicate (all its versions are left out).
+    pub fn versions_to_write(&self) -> Vec<DirtyRef> {
+        let dup: std::collections::HashSet<u64> = self.duplicates.iter().map(|d| d.block).collect();
+        let mut v: Vec<DirtyRef> = self
+            .dirty
             .iter()
-            .filter(|d| !self.duplicates.iter().any(|x| x.block == d.block))
+            .filter(|d| !dup.contains(&d.block))
             .copied()
-            .collect()
+            .collect();
+        v.sort_by_key(|d| (d.epoch, d.block, d.slot));
+        v
     }
 }
 
@@ -1613,7 +1619,7 @@ mod tests {
                 seqs: vec![9, 8]
             }]
         );
-        assert!(s.unique_dirty().is_empty());
+        assert!(s.versions_to_write().is_empty());
     }
 
     #[test]

@@ -450,17 +450,20 @@ generation (foreign) are free slots, shown with --all.")]
     /// Write a cache's dirty blocks to its origin without the module (offline)
     #[command(after_help = "\
 For when the cache cannot be set up: every committed dirty block is copied
-from its slot to the origin, in origin order, adjacent blocks merged into
-writes of up to 4 MiB; the origin is synced, then the entries are rewritten
-as clean (and synced), so that a later load does not write them again.  Both
-devices are opened exclusively: refused while a device-mapper device or a
-mount uses either.  Refused on a bad superblock, on corrupt entries and on
-ambiguous (duplicate) dirty entries; --force writes back the rest and leaves
-those as they are.  Refused on a superblock marked failed: writes since the
-failure went to the origin, which may hold newer data than the dirty blocks;
---force writes them anyway (the mark stays), and --dry-run without --force
-lists what --force would write, then exits 15.  Exit status as for check,
-4 when a device is in use.")]
+from its slot to the origin, epoch by epoch, oldest first (format version 3;
+an epoch is the writes between two flushes), in origin order within an
+epoch, adjacent blocks merged into writes of up to 4 MiB; the origin is
+synced after each epoch, so that it only passes through states a power cut
+could have left.  Then the entries are rewritten as clean (and synced), so
+that a later load does not write them again.  --dry-run lists the writes per
+epoch.  Both devices are opened exclusively: refused while a device-mapper
+device or a mount uses either.  Refused on a bad superblock, on corrupt
+entries and on ambiguous (duplicate) dirty entries; --force writes back the
+rest and leaves those as they are.  Refused on a superblock marked failed:
+writes since the failure went to the origin, which may hold newer data than
+the dirty blocks; --force writes them anyway (the mark stays), and --dry-run
+without --force lists what --force would write, then exits 15.  Exit status
+as for check, 4 when a device is in use.")]
     Writeback {
         /// The cache device (or image file)
         #[arg(long, value_name = "DEV")]

@@ -14,7 +14,7 @@ use std::io::Write;
 
 use crate::disk::{
     self, Access, BadEntry, Counts, Dev, DirtyRef, Duplicate, EntryState, ReadAt, SbRead, SbState,
-    Superblock, Survey,
+    Superblock, Survey, WriteAt,
 };
 use crate::error::{usage, Error, Kind, Result};
 use crate::units::fmt_bytes;
@@ -610,6 +610,73 @@ pub fn plan_runs(dirty: &[DirtyRef], block_bytes: u64, max_bytes: u64) -> Vec<Ru
     runs
 }
 
+/// The dirty versions of one epoch, as origin writes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EpochPlan {
+    pub epoch: u64,
+    pub runs: Vec<Run>,
+}
+
+impl EpochPlan {
+    pub fn blocks(&self) -> u64 {
+        self.runs.iter().map(|r| r.blocks.len() as u64).sum()
+    }
+}
+
+/// Plan the offline writeback of `versions`, sorted by epoch then origin
+/// block (`Survey::versions_to_write`): epoch by epoch, oldest first, and
+/// within an epoch runs of adjacent blocks of at most `max_bytes`
+/// (`plan_runs`): a run never joins two epochs.
+pub fn plan_writeback(versions: &[DirtyRef], block_bytes: u64, max_bytes: u64) -> Vec<EpochPlan> {
+    let mut out = vec![];
+    let mut i = 0;
+    while i < versions.len() {
+        let epoch = versions[i].epoch;
+        let mut j = i + 1;
+        while j < versions.len() && versions[j].epoch == epoch {
+            j += 1;
+        }
+        out.push(EpochPlan {
+            epoch,
+            runs: plan_runs(&versions[i..j], block_bytes, max_bytes),
+        });
+        i = j;
+    }
+    out
+}
+
+/// Write `plan` to `origin`: the runs of an epoch, then a sync of the
+/// origin (a flush), before the first write of the next epoch.  A power
+/// cut at any point leaves the origin holding every epoch before the one
+/// being written and some of that one's writes: a state the module's
+/// ordered writeback could have left too.  After the last epoch's sync,
+/// everything written is durable.
+pub fn write_plan(
+    cache: &dyn ReadAt,
+    origin: &dyn WriteAt,
+    sb: &Superblock,
+    plan: &[EpochPlan],
+) -> Result<()> {
+    let bb = sb.layout.block_bytes();
+    for ep in plan {
+        for r in &ep.runs {
+            let data = read_run(cache, sb, r)?;
+            origin.write_at(r.first_block() * bb, &data)?;
+        }
+        origin.sync()?;
+    }
+    Ok(())
+}
+
+/// "epoch 7" or "3 epochs, 5 to 9".
+fn epochs_note(plan: &[EpochPlan]) -> String {
+    match plan {
+        [] => "no epoch".to_string(),
+        [one] => format!("epoch {}", one.epoch),
+        [first, .., last] => format!("{} epochs, {} to {}", plan.len(), first.epoch, last.epoch),
+    }
+}
+
 /// "3-7, 9, 12-13".
 fn ranges(v: impl Iterator<Item = u64>) -> String {
     let mut out: Vec<String> = vec![];
@@ -709,9 +776,12 @@ fn mark_clean(cache: &Dev, sb: &Superblock, done: &[DirtyRef]) -> Result<()> {
 /// What an offline writeback did (or would do).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WritebackSummary {
+    /// Dirty versions written (block writes).
     pub blocks: u64,
     pub writes: u64,
     pub bytes: u64,
+    /// Epochs written, each followed by a sync of the origin.
+    pub epochs: u64,
     pub skipped_corrupt: u64,
     pub skipped_duplicate: u64,
 }
@@ -817,7 +887,7 @@ pub fn writeback(
         ))
         .hint("give the origin device the cache was set up with"));
     }
-    let dirty = s.unique_dirty();
+    let dirty = s.versions_to_write();
     // Refused without --force; a dry run still lists what --force would
     // write, and is refused at the end.
     let mut refused = None;
@@ -844,11 +914,12 @@ pub fn writeback(
         }
     }
     let bb = sb.layout.block_bytes();
-    let runs = plan_runs(&dirty, bb, MAX_WRITE_BYTES);
+    let plan = plan_writeback(&dirty, bb, MAX_WRITE_BYTES);
     let sum = WritebackSummary {
         blocks: dirty.len() as u64,
-        writes: runs.len() as u64,
+        writes: plan.iter().map(|e| e.runs.len() as u64).sum(),
         bytes: dirty.len() as u64 * bb,
+        epochs: plan.len() as u64,
         skipped_corrupt: s.corrupt.len() as u64,
         skipped_duplicate: s.duplicates.len() as u64,
     };
@@ -864,10 +935,12 @@ pub fn writeback(
         );
         return Ok(sum);
     }
+    // Versions 1 and 2 have no epochs: one, 0, written and synced as before.
+    let by_epoch = sb.has_epochs();
     if dry_run {
         let _ = writeln!(
             out,
-            "{cache_path}{owner}: {} {} dirty {} ({}) to {origin_path} in {} {}:",
+            "{cache_path}{owner}: {} {} dirty {} ({}) to {origin_path} in {} {}{}:",
             if refused.is_some() {
                 "marked failed: refused without --force, which would write"
             } else {
@@ -877,18 +950,41 @@ pub fn writeback(
             plural(sum.blocks, "block", "blocks"),
             fmt_bytes(sum.bytes),
             sum.writes,
-            plural(sum.writes, "write", "writes")
+            plural(sum.writes, "write", "writes"),
+            if by_epoch {
+                format!(
+                    ", epoch by epoch ({}, the origin synced after each)",
+                    epochs_note(&plan)
+                )
+            } else {
+                String::new()
+            }
         );
-        for r in &runs {
-            let b0 = r.first_block();
-            let _ = writeln!(
-                out,
-                "  origin blocks {} ({} at sector {}) from slots {}",
-                ranges(r.blocks.iter().map(|d| d.block)),
-                fmt_bytes(r.blocks.len() as u64 * bb),
-                b0 * sb.layout.block_sectors as u64,
-                ranges(r.blocks.iter().map(|d| d.slot))
-            );
+        let indent = if by_epoch { "    " } else { "  " };
+        for ep in &plan {
+            if by_epoch {
+                let n = ep.blocks();
+                let _ = writeln!(
+                    out,
+                    "  epoch {}: {n} {} ({}) in {} {}",
+                    ep.epoch,
+                    plural(n, "block", "blocks"),
+                    fmt_bytes(n * bb),
+                    ep.runs.len(),
+                    plural(ep.runs.len() as u64, "write", "writes")
+                );
+            }
+            for r in &ep.runs {
+                let b0 = r.first_block();
+                let _ = writeln!(
+                    out,
+                    "{indent}origin blocks {} ({} at sector {}) from slots {}",
+                    ranges(r.blocks.iter().map(|d| d.block)),
+                    fmt_bytes(r.blocks.len() as u64 * bb),
+                    b0 * sb.layout.block_sectors as u64,
+                    ranges(r.blocks.iter().map(|d| d.slot))
+                );
+            }
         }
         let _ = writeln!(out, "dry run: nothing written");
         return match refused {
@@ -896,11 +992,11 @@ pub fn writeback(
             None => Ok(sum),
         };
     }
-    for r in &runs {
-        let data = read_run(&cache, &sb, r)?;
-        origin.write_at(r.first_block() * bb, &data)?;
-    }
-    origin.sync()?;
+    write_plan(&cache, &origin, &sb, &plan)?;
+    // Only once every epoch is on the origin: a crash before leaves the
+    // entries dirty, and a later writeback starts again from the oldest
+    // epoch, which passes through power-cut states again (each epoch
+    // rewritten in full over the ones before it).
     mark_clean(&cache, &sb, &dirty)?;
     // Read back: what was written must now decode as clean.
     let after = disk::survey(&cache, &sb)?;
@@ -922,12 +1018,20 @@ pub fn writeback(
     }
     let _ = writeln!(
         out,
-        "{origin_path}: wrote {} dirty {} ({}) from {cache_path}{owner} in {} {}; marked clean in its metadata",
+        "{origin_path}: wrote {} dirty {} ({}) from {cache_path}{owner} in {} {}{}; marked clean in its metadata",
         sum.blocks,
         plural(sum.blocks, "block", "blocks"),
         fmt_bytes(sum.bytes),
         sum.writes,
-        plural(sum.writes, "write", "writes")
+        plural(sum.writes, "write", "writes"),
+        if by_epoch {
+            format!(
+                ", epoch by epoch ({}, the origin synced after each)",
+                epochs_note(&plan)
+            )
+        } else {
+            String::new()
+        }
     );
     if sum.skipped_corrupt + sum.skipped_duplicate > 0 {
         let _ = writeln!(

@@ -356,6 +356,7 @@ fn writeback_onto_a_file_origin() {
             blocks: 4,
             writes: 2, // 10-12 merged, 40 alone
             bytes: 16384,
+            epochs: 1,
             skipped_corrupt: 0,
             skipped_duplicate: 0
         }
@@ -712,9 +713,11 @@ fn writeback_of_a_failed_cache_needs_force() {
             out,
             format!(
                 "{cache} (cache of TIERCACHE-t): marked failed: refused without --force, which would write \
-                 4 dirty blocks (16 KiB) to {origin} in 2 writes:\n\
-                 \x20 origin blocks 10-12 (12 KiB at sector 80) from slots 7, 0-1\n\
-                 \x20 origin blocks 40 (4 KiB at sector 320) from slots 8\n\
+                 4 dirty blocks (16 KiB) to {origin} in 2 writes, epoch by epoch (epoch 0, the origin \
+                 synced after each):\n\
+                 \x20 epoch 0: 4 blocks (16 KiB) in 2 writes\n\
+                 \x20   origin blocks 10-12 (12 KiB at sector 80) from slots 7, 0-1\n\
+                 \x20   origin blocks 40 (4 KiB at sector 320) from slots 8\n\
                  dry run: nothing written\n"
             )
         );
@@ -895,6 +898,265 @@ fn previous_generation_entry_reads_as_empty() {
         after[entry_off(7)..entry_off(7) + 32],
         img[entry_off(7)..entry_off(7) + 32]
     );
+}
+
+/// A version 3 image of superblock epoch 5 (the epoch bits wrap at
+/// 0x10000 + 5): blocks 10, 11 and 13 dirty in epoch 5, 12 in epoch 6,
+/// 40 in epoch 0x10004 (written as bits 0x0004); 41 clean; 500 dirty,
+/// uncommitted.  Slot data: block + epoch (mod 256).
+fn epoch_sb() -> Superblock {
+    Superblock { epoch: 5, ..sb(7) }
+}
+
+fn epoch_entries() -> Vec<(u64, u64, bool, u64, u64)> {
+    vec![
+        (0, 11, true, 5, 5),
+        (1, 12, true, 6, 6),
+        (7, 10, true, 7, 5),
+        (3, 13, true, 7, 5),
+        (8, 40, true, 7, 0x1_0004),
+        (9, 41, false, 7, 0),
+        (10, 500, true, 8, 6),
+    ]
+}
+
+fn epoch_fill(block: u64, epoch: u64) -> u8 {
+    (block + epoch) as u8
+}
+
+fn epoch_image() -> Vec<u8> {
+    disk::build_image_epochs(&epoch_sb(), CACHE_SECTORS, &epoch_entries(), epoch_fill)
+}
+
+/// An origin (in memory) that records its writes and syncs.
+struct RecOrigin {
+    data: std::cell::RefCell<Vec<u8>>,
+    /// (byte offset, length) of a write; None for a sync.
+    log: std::cell::RefCell<Vec<Option<(u64, usize)>>>,
+}
+
+impl RecOrigin {
+    fn new() -> RecOrigin {
+        RecOrigin {
+            data: std::cell::RefCell::new(origin_image()),
+            log: std::cell::RefCell::new(vec![]),
+        }
+    }
+}
+
+impl ReadAt for RecOrigin {
+    fn name(&self) -> &str {
+        "origin"
+    }
+    fn size_bytes(&self) -> u64 {
+        self.data.borrow().len() as u64
+    }
+    fn read_at(&self, off: u64, len: usize) -> Result<Vec<u8>> {
+        Ok(self.data.borrow()[off as usize..off as usize + len].to_vec())
+    }
+}
+
+impl disk::WriteAt for RecOrigin {
+    fn write_at(&self, off: u64, data: &[u8]) -> Result<()> {
+        self.data.borrow_mut()[off as usize..off as usize + data.len()].copy_from_slice(data);
+        self.log.borrow_mut().push(Some((off, data.len())));
+        Ok(())
+    }
+    fn sync(&self) -> Result<()> {
+        self.log.borrow_mut().push(None);
+        Ok(())
+    }
+    fn devno(&self) -> Option<(u32, u32)> {
+        None
+    }
+}
+
+/// Check that the writes of `log` (in blocks of 4 KiB) go epoch by epoch,
+/// oldest first, with a sync between two epochs and after the last: what
+/// the origin holds at any point is every epoch before the one being
+/// written and a part of that one.  `epoch_of(block)` says which epoch a
+/// write of the block belongs to, in write order.
+fn assert_power_cut_states(log: &[Option<(u64, usize)>], mut epoch_of: impl FnMut(u64) -> u64) {
+    let mut last: Option<u64> = None;
+    let mut synced = true;
+    for op in log {
+        match *op {
+            None => synced = true,
+            Some((off, len)) => {
+                assert_eq!((off % 4096, len % 4096), (0, 0));
+                let mut e = None;
+                for b in off / 4096..(off + len as u64) / 4096 {
+                    let eb = epoch_of(b);
+                    assert!(e.is_none_or(|x| x == eb), "one write, one epoch: {log:?}");
+                    e = Some(eb);
+                }
+                let e = e.unwrap();
+                if let Some(l) = last {
+                    assert!(e >= l, "epoch {e} written after epoch {l}: {log:?}");
+                    assert!(
+                        e == l || synced,
+                        "epoch {e} without a sync after {l}: {log:?}"
+                    );
+                }
+                last = Some(e);
+                synced = false;
+            }
+        }
+    }
+    assert!(synced, "the last epoch is synced: {log:?}");
+}
+
+#[test]
+fn writeback_plan_goes_epoch_by_epoch() {
+    let m = disk::MemImage {
+        name: "cache".into(),
+        data: epoch_image(),
+    };
+    let sb = epoch_sb();
+    let s = disk::survey(&m, &sb).unwrap();
+    let v = s.versions_to_write();
+    let order: Vec<(u64, u64)> = v.iter().map(|d| (d.epoch, d.block)).collect();
+    assert_eq!(order, [(5, 10), (5, 11), (5, 13), (6, 12), (0x1_0004, 40)]);
+    let plan = plan_writeback(&v, 4096, MAX_WRITE_BYTES);
+    let shape: Vec<(u64, Vec<Vec<u64>>)> = plan
+        .iter()
+        .map(|e| {
+            (
+                e.epoch,
+                e.runs
+                    .iter()
+                    .map(|r| r.blocks.iter().map(|d| d.block).collect())
+                    .collect(),
+            )
+        })
+        .collect();
+    // 10-13 are adjacent, but 12 is of another epoch: no run joins epochs.
+    assert_eq!(
+        shape,
+        [
+            (5, vec![vec![10, 11], vec![13]]),
+            (6, vec![vec![12]]),
+            (0x1_0004, vec![vec![40]]),
+        ]
+    );
+    assert_eq!(epochs_note(&plan), "3 epochs, 5 to 65540");
+    assert_eq!(epochs_note(&plan[1..2]), "epoch 6");
+
+    let origin = RecOrigin::new();
+    write_plan(&m, &origin, &sb, &plan).unwrap();
+    let log = origin.log.borrow().clone();
+    assert_eq!(
+        log,
+        [
+            Some((10 * 4096, 8192)),
+            Some((13 * 4096, 4096)),
+            None,
+            Some((12 * 4096, 4096)),
+            None,
+            Some((40 * 4096, 4096)),
+            None
+        ]
+    );
+    let epoch_of = |b: u64| v.iter().find(|d| d.block == b).unwrap().epoch;
+    assert_power_cut_states(&log, epoch_of);
+    let got = origin.data.borrow();
+    for d in &v {
+        let o = (d.block * 4096) as usize;
+        assert!(got[o..o + 4096]
+            .iter()
+            .all(|&x| x == epoch_fill(d.block, d.epoch)));
+    }
+}
+
+#[test]
+fn writeback_by_epoch_onto_a_file_origin() {
+    let d = TempDir::new("wbep");
+    let cache = d.file("cache.img", &epoch_image());
+    let origin = d.file("origin.img", &origin_image());
+    // The dry run lists per epoch.
+    let mut out = vec![];
+    let sum = writeback(&cache, &origin, true, false, &mut out, &mut vec![]).unwrap();
+    assert_eq!((sum.blocks, sum.writes, sum.epochs), (5, 4, 3));
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        format!(
+            "{cache} (cache of TIERCACHE-t): would write 5 dirty blocks (20 KiB) to {origin} in 4 writes, \
+             epoch by epoch (3 epochs, 5 to 65540, the origin synced after each):\n\
+             \x20 epoch 5: 3 blocks (12 KiB) in 2 writes\n\
+             \x20   origin blocks 10-11 (8 KiB at sector 80) from slots 7, 0\n\
+             \x20   origin blocks 13 (4 KiB at sector 104) from slots 3\n\
+             \x20 epoch 6: 1 block (4 KiB) in 1 write\n\
+             \x20   origin blocks 12 (4 KiB at sector 96) from slots 1\n\
+             \x20 epoch 65540: 1 block (4 KiB) in 1 write\n\
+             \x20   origin blocks 40 (4 KiB at sector 320) from slots 8\n\
+             dry run: nothing written\n"
+        )
+    );
+    assert!(std::fs::read(&origin).unwrap() == origin_image());
+    // Written: each block holds its version, the entries are clean.
+    let mut out = vec![];
+    let sum = writeback(&cache, &origin, false, false, &mut out, &mut vec![]).unwrap();
+    assert_eq!((sum.blocks, sum.writes, sum.epochs), (5, 4, 3));
+    let out = String::from_utf8(out).unwrap();
+    assert!(
+        out.contains(
+            "wrote 5 dirty blocks (20 KiB) from {cache} (cache of TIERCACHE-t) in 4 writes, epoch by epoch \
+             (3 epochs, 5 to 65540, the origin synced after each); marked clean in its metadata"
+                .replace("{cache}", &cache)
+                .as_str()
+        ),
+        "{out}"
+    );
+    let got = std::fs::read(&origin).unwrap();
+    for (b, e) in [(10u64, 5u64), (11, 5), (12, 6), (13, 5), (40, 0x1_0004)] {
+        assert_eq!(got[(b * 4096) as usize], epoch_fill(b, e), "block {b}");
+    }
+    assert_eq!(got[41 * 4096], 0xee);
+    assert_eq!(got[500 * 4096], 0xee);
+    let mut o = vec![];
+    check(&cache, true, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(
+        (v["counts"]["dirty"].as_u64(), v["counts"]["clean"].as_u64()),
+        (Some(0), Some(6))
+    );
+}
+
+#[test]
+fn writeback_of_a_version_2_cache_lists_no_epochs() {
+    let v2 = Superblock {
+        version: disk::VERSION_V2,
+        ..sb(7)
+    };
+    let d = TempDir::new("wbv2");
+    let cache = d.file(
+        "cache.img",
+        &build_image(&v2, CACHE_SECTORS, &entries(), fill),
+    );
+    let origin = d.file("origin.img", &origin_image());
+    let mut out = vec![];
+    let sum = writeback(&cache, &origin, true, false, &mut out, &mut vec![]).unwrap();
+    assert_eq!((sum.blocks, sum.writes, sum.epochs), (4, 2, 1));
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        format!(
+            "{cache} (cache of TIERCACHE-t): would write 4 dirty blocks (16 KiB) to {origin} in 2 writes:\n\
+             \x20 origin blocks 10-12 (12 KiB at sector 80) from slots 7, 0-1\n\
+             \x20 origin blocks 40 (4 KiB at sector 320) from slots 8\n\
+             dry run: nothing written\n"
+        )
+    );
+    let mut out = vec![];
+    writeback(&cache, &origin, false, false, &mut out, &mut vec![]).unwrap();
+    let out = String::from_utf8(out).unwrap();
+    assert!(
+        out.ends_with(" in 2 writes; marked clean in its metadata\n"),
+        "{out}"
+    );
+    // The superblock stays version 2; the entries are clean.
+    let after = std::fs::read(&cache).unwrap();
+    assert_eq!(disk::decode_sb(&after).1.unwrap().version, 2);
+    assert_eq!(std::fs::read(&origin).unwrap()[12 * 4096], fill(12));
 }
 
 #[test]
