@@ -1028,12 +1028,22 @@ pub struct DirtyRef {
     pub epoch: u64,
 }
 
-/// Several committed dirty entries for one origin block.
+/// Several committed dirty entries for one origin block and one epoch
+/// (in versions 1 and 2, where every entry is of epoch 0: for one block).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Duplicate {
     pub block: u64,
+    pub epoch: u64,
     pub slots: Vec<u64>,
     pub seqs: Vec<u64>,
+}
+
+/// The dirty versions of one epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct EpochCount {
+    pub epoch: u64,
+    /// Committed dirty entries of this epoch.
+    pub dirty: u64,
 }
 
 /// Everything `check` and `writeback` need from the entries.
@@ -1041,8 +1051,10 @@ pub struct Duplicate {
 pub struct Survey {
     pub counts: Counts,
     pub corrupt: Vec<BadEntry>,
-    /// Committed dirty entries, by origin block then slot.
+    /// Committed dirty entries, by origin block, epoch, then slot.
     pub dirty: Vec<DirtyRef>,
+    /// One origin block dirty in several slots of one epoch: the metadata
+    /// does not say which is current (the module refuses to load it).
     pub duplicates: Vec<Duplicate>,
 }
 
@@ -1065,7 +1077,8 @@ impl Survey {
 
     /// The dirty versions to write back, oldest epoch first and by
     /// origin block within an epoch: every committed dirty entry but
-    /// those of a block with a duplicate (all its versions are left out).
+    /// those of a block with a duplicate (all its versions are left out:
+    /// its chain of versions is not known).
     pub fn versions_to_write(&self) -> Vec<DirtyRef> {
         let dup: std::collections::HashSet<u64> = self.duplicates.iter().map(|d| d.block).collect();
         let mut v: Vec<DirtyRef> = self
@@ -1076,6 +1089,44 @@ impl Survey {
             .collect();
         v.sort_by_key(|d| (d.epoch, d.block, d.slot));
         v
+    }
+
+    /// The epochs of the committed dirty entries, oldest first.
+    pub fn epochs(&self) -> Vec<EpochCount> {
+        let mut m = std::collections::BTreeMap::new();
+        for d in &self.dirty {
+            *m.entry(d.epoch).or_insert(0u64) += 1;
+        }
+        m.into_iter()
+            .map(|(epoch, dirty)| EpochCount { epoch, dirty })
+            .collect()
+    }
+
+    /// Origin blocks dirty in more than one epoch (a chain of versions).
+    pub fn versioned_blocks(&self) -> u64 {
+        let mut n = 0;
+        let mut i = 0;
+        while i < self.dirty.len() {
+            let b = self.dirty[i].block;
+            let mut j = i + 1;
+            let mut several = false;
+            while j < self.dirty.len() && self.dirty[j].block == b {
+                several |= self.dirty[j].epoch != self.dirty[i].epoch;
+                j += 1;
+            }
+            n += several as u64;
+            i = j;
+        }
+        n
+    }
+
+    /// Distinct origin blocks of `versions` (dirty versions).
+    pub fn origin_blocks_of(versions: &[DirtyRef]) -> u64 {
+        versions
+            .iter()
+            .map(|d| d.block)
+            .collect::<std::collections::HashSet<u64>>()
+            .len() as u64
     }
 }
 
@@ -1111,16 +1162,21 @@ pub fn survey(dev: &dyn ReadAt, sb: &Superblock) -> Result<Survey> {
         }
         Ok(())
     })?;
-    s.dirty.sort_by_key(|d| (d.block, d.slot));
+    // The version-chain rule: one origin block may be dirty in several
+    // slots if their epochs all differ (version 3); two of one epoch are
+    // corruption (in versions 1 and 2, all of epoch 0: any two).
+    s.dirty.sort_by_key(|d| (d.block, d.epoch, d.slot));
     let mut i = 0;
     while i < s.dirty.len() {
+        let key = |d: &DirtyRef| (d.block, d.epoch);
         let mut j = i + 1;
-        while j < s.dirty.len() && s.dirty[j].block == s.dirty[i].block {
+        while j < s.dirty.len() && key(&s.dirty[j]) == key(&s.dirty[i]) {
             j += 1;
         }
         if j - i > 1 {
             s.duplicates.push(Duplicate {
                 block: s.dirty[i].block,
+                epoch: s.dirty[i].epoch,
                 slots: s.dirty[i..j].iter().map(|d| d.slot).collect(),
                 seqs: s.dirty[i..j].iter().map(|d| d.seq).collect(),
             });
@@ -1615,6 +1671,7 @@ mod tests {
             s.duplicates,
             vec![Duplicate {
                 block: 5,
+                epoch: 0,
                 slots: vec![0, 2],
                 seqs: vec![9, 8]
             }]
@@ -1756,6 +1813,91 @@ mod tests {
         let new = sb_marked_failed(&raw, "dev").unwrap().unwrap();
         let got = decode_sb(&new).1.unwrap();
         assert_eq!((got.version, got.epoch, got.flags), (3, 0, SB_FAILED));
+    }
+
+    #[test]
+    fn survey_version_chains() {
+        // Block 5 in epochs 100, 101 and 103; block 6 twice in epoch 101
+        // (a duplicate); block 7 once; the superblock's epoch 100.
+        let sb = Superblock {
+            epoch: 100,
+            ..sample()
+        };
+        let img = build_image_epochs(
+            &sb,
+            4096,
+            &[
+                (0, 5, true, 9, 103),
+                (1, 5, true, 8, 100),
+                (2, 6, true, 9, 101),
+                (3, 7, true, 9, 102),
+                (4, 5, true, 9, 101),
+                (5, 6, true, 7, 101),
+                (6, 6, true, 7, 100),
+                (7, 8, false, 9, 0),
+            ],
+            |b, e| (b + e) as u8,
+        );
+        let m = MemImage {
+            name: "img".into(),
+            data: img,
+        };
+        let s = survey(&m, &sb).unwrap();
+        assert_eq!(
+            (s.counts.dirty, s.counts.clean, s.counts.corrupt),
+            (7, 1, 0)
+        );
+        assert_eq!(
+            s.duplicates,
+            vec![Duplicate {
+                block: 6,
+                epoch: 101,
+                slots: vec![2, 5],
+                seqs: vec![9, 7]
+            }]
+        );
+        assert_eq!(
+            s.epochs(),
+            vec![
+                EpochCount {
+                    epoch: 100,
+                    dirty: 2
+                },
+                EpochCount {
+                    epoch: 101,
+                    dirty: 3
+                },
+                EpochCount {
+                    epoch: 102,
+                    dirty: 1
+                },
+                EpochCount {
+                    epoch: 103,
+                    dirty: 1
+                },
+            ]
+        );
+        assert_eq!(s.versioned_blocks(), 2, "blocks 5 and 6");
+        // Oldest epoch first, by block within one; block 6 left out.
+        let w: Vec<(u64, u64, u64)> = s
+            .versions_to_write()
+            .iter()
+            .map(|d| (d.epoch, d.block, d.slot))
+            .collect();
+        assert_eq!(w, vec![(100, 5, 1), (101, 5, 4), (102, 7, 3), (103, 5, 0)]);
+
+        // The same entries under version 2: epoch bits are invalid flags,
+        // and the entries of epoch 0 mod 2^16 are all of epoch 0.
+        let v2 = Superblock {
+            version: VERSION_V2,
+            epoch: 0,
+            ..sb
+        };
+        let mut m2 = m.clone();
+        m2.data[..SB_BYTES].copy_from_slice(&encode_sb(&v2));
+        let s = survey(&m2, &v2).unwrap();
+        assert_eq!((s.counts.dirty, s.counts.corrupt), (0, 7));
+        assert!(s.corrupt.iter().all(|b| b.state == EntryState::BadFlags));
     }
 
     #[test]

@@ -396,13 +396,17 @@ prints a summary.  DEVICE may be a block device or an image file.  Exit
 status: 0 consistent, 10 cannot read the device, 11 no superblock (never
 formatted), 12 superblock corrupt or of an unknown version, 13 corrupt
 entries (each listed with its slot and the reason), 14 an origin block dirty
-in several slots, 15 the superblock is marked failed (by the module when a
-metadata commit failed, or by 'detach --abandon' or 'check --mark-failed'
-when an administrator gave the cache up: the module does not load it
-again); the lowest applies.
+in several slots (of one epoch, in format version 3), 15 the superblock is
+marked failed (by the module when a metadata commit failed, or by 'detach
+--abandon' or 'check --mark-failed' when an administrator gave the cache
+up: the module does not load it again); the lowest applies.
 Entries of a commit that did not finish are ignored, as the module ignores
 them.  Entries of another format generation (an earlier format's, or bytes
-the device held before) are free slots, counted apart, not errors.
+the device held before) are free slots, counted apart, not errors.  Format
+version 3 records the epoch of each dirty block (the writes between two
+flushes): one origin block may be dirty in several slots, one version per
+epoch, the newest being its data; check reports the live epochs (the
+oldest and the newest) and the blocks with several versions.
 
 --mark-failed writes the failed mark instead, as 'detach --abandon' does:
 for a cache device whose mark 'detach --abandon' could not write (it

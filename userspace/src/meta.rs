@@ -13,8 +13,8 @@ use serde::Serialize;
 use std::io::Write;
 
 use crate::disk::{
-    self, Access, BadEntry, Counts, Dev, DirtyRef, Duplicate, EntryState, ReadAt, SbRead, SbState,
-    Superblock, Survey, WriteAt,
+    self, Access, BadEntry, Counts, Dev, DirtyRef, Duplicate, EntryState, EpochCount, ReadAt,
+    SbRead, SbState, Superblock, Survey, WriteAt,
 };
 use crate::error::{usage, Error, Kind, Result};
 use crate::units::fmt_bytes;
@@ -59,6 +59,46 @@ pub struct CheckReport {
     pub dirty_bytes: Option<u64>,
     pub corrupt: Vec<BadEntry>,
     pub duplicates: Vec<Duplicate>,
+    /// The epochs of the committed dirty entries.
+    pub epochs: Option<EpochReport>,
+}
+
+/// The epochs of the committed dirty entries, as `check` reports them.
+#[derive(Clone, Debug, Serialize)]
+pub struct EpochReport {
+    /// The superblock's epoch: a lower bound of the dirty entries' epochs.
+    pub superblock: u64,
+    /// Epochs with committed dirty entries (live: not written back).
+    pub live: u64,
+    pub oldest: Option<u64>,
+    pub newest: Option<u64>,
+    /// Origin blocks dirty in more than one epoch (chains of versions).
+    pub versioned_blocks: u64,
+    /// Committed dirty entries per epoch, oldest first.
+    pub per_epoch: Vec<EpochCount>,
+}
+
+impl EpochReport {
+    fn of(sb: &Superblock, s: &Survey) -> EpochReport {
+        let per_epoch = s.epochs();
+        EpochReport {
+            superblock: sb.epoch,
+            live: per_epoch.len() as u64,
+            oldest: per_epoch.first().map(|e| e.epoch),
+            newest: per_epoch.last().map(|e| e.epoch),
+            versioned_blocks: s.versioned_blocks(),
+            per_epoch,
+        }
+    }
+}
+
+/// "block 40" or, with epochs, "block 40 in epoch 5".
+fn dup_name(sb: &Superblock, d: &Duplicate) -> String {
+    if sb.has_epochs() {
+        format!("{} in epoch {}", d.block, d.epoch)
+    } else {
+        d.block.to_string()
+    }
 }
 
 fn result_name(k: Option<Kind>) -> &'static str {
@@ -90,6 +130,7 @@ pub fn check_dev(dev: &dyn ReadAt) -> (CheckReport, Option<Error>) {
         dirty_bytes: None,
         corrupt: vec![],
         duplicates: vec![],
+        epochs: None,
     };
     let finish = |mut rep: CheckReport, e: Option<Error>| {
         rep.result = result_name(e.as_ref().map(|e| e.kind));
@@ -116,6 +157,7 @@ pub fn check_dev(dev: &dyn ReadAt) -> (CheckReport, Option<Error>) {
     rep.dirty_bytes = Some(s.counts.dirty * sb.layout.block_bytes());
     rep.corrupt = s.corrupt.clone();
     rep.duplicates = s.duplicates.clone();
+    rep.epochs = Some(EpochReport::of(sb, &s));
     let e = if !s.corrupt.is_empty() {
         Some(Error::new(
             Kind::BadEntries,
@@ -128,14 +170,26 @@ pub fn check_dev(dev: &dyn ReadAt) -> (CheckReport, Option<Error>) {
             ),
         ))
     } else if !s.duplicates.is_empty() {
+        let which: Vec<String> = s
+            .duplicates
+            .iter()
+            .take(8)
+            .map(|d| dup_name(sb, d))
+            .collect();
         Some(Error::new(
             Kind::DuplicateDirty,
             format!(
-                "{name}: {} origin {} dirty in more than one slot (block{} {})",
+                "{name}: {} origin {} dirty in more than one slot{} (block{} {}{})",
                 s.duplicates.len(),
                 plural(s.duplicates.len() as u64, "block is", "blocks are"),
+                if sb.has_epochs() { " of one epoch" } else { "" },
                 if s.duplicates.len() == 1 { "" } else { "s" },
-                list_some(s.duplicates.iter().map(|d| d.block))
+                which.join(", "),
+                if s.duplicates.len() > 8 {
+                    format!(", ... ({} in all)", s.duplicates.len())
+                } else {
+                    String::new()
+                }
             ),
         ))
     } else if sb.failed() {
@@ -209,6 +263,42 @@ fn sb_lines(sb: &Superblock, o: &mut Vec<String>) {
     }
 }
 
+/// "3 live, oldest 17, newest 19 (...)": the epochs line of check.
+fn epochs_text(sb: &Superblock, e: &EpochReport) -> String {
+    if !sb.has_epochs() {
+        return format!(
+            "none in format version {} (its dirty entries read as epoch 0)",
+            sb.version
+        );
+    }
+    let (Some(oldest), Some(newest)) = (e.oldest, e.newest) else {
+        return format!(
+            "none live (no committed dirty entry; the superblock's lower bound: {})",
+            e.superblock
+        );
+    };
+    let chains = if e.versioned_blocks == 0 {
+        "no origin block dirty in several epochs".to_string()
+    } else {
+        format!(
+            "{} origin {} dirty in several epochs (the newest version is the data)",
+            e.versioned_blocks,
+            plural(e.versioned_blocks, "block", "blocks")
+        )
+    };
+    if e.live == 1 {
+        format!(
+            "1 live: {oldest} (the superblock's lower bound: {}); {chains}",
+            e.superblock
+        )
+    } else {
+        format!(
+            "{} live, oldest {oldest}, newest {newest} (the superblock's lower bound: {}); {chains}",
+            e.live, e.superblock
+        )
+    }
+}
+
 /// The text form of a check report.
 pub fn check_text(rep: &CheckReport) -> String {
     let mut o = vec![];
@@ -245,6 +335,9 @@ pub fn check_text(rep: &CheckReport) -> String {
             c.empty, c.foreign
         ));
     }
+    if let Some(e) = &rep.epochs {
+        o.push(format!("  epochs:      {}", epochs_text(sb, e)));
+    }
     for b in &rep.corrupt {
         o.push(format!(
             "  corrupt:     slot {}: {} (entry {})",
@@ -259,9 +352,14 @@ pub fn check_text(rep: &CheckReport) -> String {
             .map(|(s, q)| format!("slot {s} (seq {q})"))
             .collect();
         o.push(format!(
-            "  duplicate:   origin block {} is dirty in {}",
+            "  duplicate:   origin block {} is dirty in {}{}",
             d.block,
-            at.join(", ")
+            at.join(", "),
+            if sb.has_epochs() {
+                format!(", all of epoch {}", d.epoch)
+            } else {
+                String::new()
+            }
         ));
     }
     o.push(format!(
@@ -299,6 +397,7 @@ pub fn check(path: &str, json: bool, out: &mut dyn Write, err: &mut dyn Write) -
                 dirty_bytes: None,
                 corrupt: vec![],
                 duplicates: vec![],
+                epochs: None,
             };
             (rep, Some(e))
         }
@@ -668,6 +767,27 @@ pub fn write_plan(
     Ok(())
 }
 
+/// "4 dirty blocks (16 KiB)", or "5 dirty versions of 3 origin blocks
+/// (20 KiB)" when some are dirty in several epochs.
+fn dirty_phrase(sum: &WritebackSummary) -> String {
+    if sum.origin_blocks == sum.blocks {
+        format!(
+            "{} dirty {} ({})",
+            sum.blocks,
+            plural(sum.blocks, "block", "blocks"),
+            fmt_bytes(sum.bytes)
+        )
+    } else {
+        format!(
+            "{} dirty versions of {} origin {} ({})",
+            sum.blocks,
+            sum.origin_blocks,
+            plural(sum.origin_blocks, "block", "blocks"),
+            fmt_bytes(sum.bytes)
+        )
+    }
+}
+
 /// "epoch 7" or "3 epochs, 5 to 9".
 fn epochs_note(plan: &[EpochPlan]) -> String {
     match plan {
@@ -778,6 +898,9 @@ fn mark_clean(cache: &Dev, sb: &Superblock, done: &[DirtyRef]) -> Result<()> {
 pub struct WritebackSummary {
     /// Dirty versions written (block writes).
     pub blocks: u64,
+    /// Origin blocks written (fewer than `blocks` if some are dirty in
+    /// several epochs).
+    pub origin_blocks: u64,
     pub writes: u64,
     pub bytes: u64,
     /// Epochs written, each followed by a sync of the origin.
@@ -849,26 +972,36 @@ pub fn writeback(
         for d in &s.duplicates {
             let _ = writeln!(
                 err,
-                "tiercache: {cache_path}: origin block {} is dirty in slots {} (seqs {})",
+                "tiercache: {cache_path}: origin block {} is dirty in slots {} (seqs {}){}",
                 d.block,
                 ranges(d.slots.iter().copied()),
                 d.seqs
                     .iter()
                     .map(|x| x.to_string())
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
+                if sb.has_epochs() {
+                    format!(", all of epoch {}", d.epoch)
+                } else {
+                    String::new()
+                }
             );
         }
         if !force {
             return Err(Error::new(
                 Kind::DuplicateDirty,
                 format!(
-                    "{cache_path}: {} origin {} dirty in more than one slot (listed above): refusing to write back",
+                    "{cache_path}: {} origin {} dirty in more than one slot{} (listed above): refusing to write back",
                     s.duplicates.len(),
-                    plural(s.duplicates.len() as u64, "block is", "blocks are")
+                    plural(s.duplicates.len() as u64, "block is", "blocks are"),
+                    if sb.has_epochs() { " of one epoch" } else { "" }
                 ),
             )
-            .hint("the metadata does not say which copy is current; --force writes back every other block and leaves these as they are"));
+            .hint(if sb.has_epochs() {
+                "the metadata does not say which copy is current; --force writes back every other block and leaves these as they are (all their versions)"
+            } else {
+                "the metadata does not say which copy is current; --force writes back every other block and leaves these as they are"
+            }));
         }
         let _ = writeln!(
             err,
@@ -917,6 +1050,7 @@ pub fn writeback(
     let plan = plan_writeback(&dirty, bb, MAX_WRITE_BYTES);
     let sum = WritebackSummary {
         blocks: dirty.len() as u64,
+        origin_blocks: Survey::origin_blocks_of(&dirty),
         writes: plan.iter().map(|e| e.runs.len() as u64).sum(),
         bytes: dirty.len() as u64 * bb,
         epochs: plan.len() as u64,
@@ -940,15 +1074,13 @@ pub fn writeback(
     if dry_run {
         let _ = writeln!(
             out,
-            "{cache_path}{owner}: {} {} dirty {} ({}) to {origin_path} in {} {}{}:",
+            "{cache_path}{owner}: {} {} to {origin_path} in {} {}{}:",
             if refused.is_some() {
                 "marked failed: refused without --force, which would write"
             } else {
                 "would write"
             },
-            sum.blocks,
-            plural(sum.blocks, "block", "blocks"),
-            fmt_bytes(sum.bytes),
+            dirty_phrase(&sum),
             sum.writes,
             plural(sum.writes, "write", "writes"),
             if by_epoch {
@@ -1018,10 +1150,8 @@ pub fn writeback(
     }
     let _ = writeln!(
         out,
-        "{origin_path}: wrote {} dirty {} ({}) from {cache_path}{owner} in {} {}{}; marked clean in its metadata",
-        sum.blocks,
-        plural(sum.blocks, "block", "blocks"),
-        fmt_bytes(sum.bytes),
+        "{origin_path}: wrote {} from {cache_path}{owner} in {} {}{}; marked clean in its metadata",
+        dirty_phrase(&sum),
         sum.writes,
         plural(sum.writes, "write", "writes"),
         if by_epoch {

@@ -228,9 +228,17 @@ fn check_exit_codes_per_corruption() {
     let (out, r) = run_check(&d.file("cache.img", &img));
     let e = r.unwrap_err();
     assert_eq!((e.kind, e.kind.exit_code()), (Kind::DuplicateDirty, 14));
-    assert!(e.msg.contains("(block 40)"), "{}", e.msg);
     assert!(
-        out.contains("origin block 40 is dirty in slot 8 (seq 7), slot 20 (seq 3)"),
+        e.msg.ends_with(
+            ": 1 origin block is dirty in more than one slot of one epoch (block 40 in epoch 0)"
+        ),
+        "{}",
+        e.msg
+    );
+    assert!(
+        out.contains(
+            "origin block 40 is dirty in slot 8 (seq 7), slot 20 (seq 3), all of epoch 0\n"
+        ),
         "{out}"
     );
 
@@ -354,6 +362,7 @@ fn writeback_onto_a_file_origin() {
         sum,
         WritebackSummary {
             blocks: 4,
+            origin_blocks: 4,
             writes: 2, // 10-12 merged, 40 alone
             bytes: 16384,
             epochs: 1,
@@ -971,26 +980,21 @@ impl disk::WriteAt for RecOrigin {
     }
 }
 
-/// Check that the writes of `log` (in blocks of 4 KiB) go epoch by epoch,
-/// oldest first, with a sync between two epochs and after the last: what
-/// the origin holds at any point is every epoch before the one being
-/// written and a part of that one.  `epoch_of(block)` says which epoch a
-/// write of the block belongs to, in write order.
-fn assert_power_cut_states(log: &[Option<(u64, usize)>], mut epoch_of: impl FnMut(u64) -> u64) {
+/// Check that the writes of `log` go epoch by epoch, oldest first, with a
+/// sync between two epochs and after the last: whatever part of the
+/// writes since the last sync a power cut keeps, the origin holds every
+/// epoch before the one being written and a part of that one.  `epochs`
+/// is the epoch of each write, in write order.
+fn assert_power_cut_states(log: &[Option<(u64, usize)>], epochs: &[u64]) {
     let mut last: Option<u64> = None;
     let mut synced = true;
+    let mut k = 0;
     for op in log {
         match *op {
             None => synced = true,
-            Some((off, len)) => {
-                assert_eq!((off % 4096, len % 4096), (0, 0));
-                let mut e = None;
-                for b in off / 4096..(off + len as u64) / 4096 {
-                    let eb = epoch_of(b);
-                    assert!(e.is_none_or(|x| x == eb), "one write, one epoch: {log:?}");
-                    e = Some(eb);
-                }
-                let e = e.unwrap();
+            Some(_) => {
+                let e = epochs[k];
+                k += 1;
                 if let Some(l) = last {
                     assert!(e >= l, "epoch {e} written after epoch {l}: {log:?}");
                     assert!(
@@ -1004,6 +1008,14 @@ fn assert_power_cut_states(log: &[Option<(u64, usize)>], mut epoch_of: impl FnMu
         }
     }
     assert!(synced, "the last epoch is synced: {log:?}");
+    assert_eq!(k, epochs.len());
+}
+
+/// The epoch of each origin write of `plan`, in order.
+fn write_epochs(plan: &[EpochPlan]) -> Vec<u64> {
+    plan.iter()
+        .flat_map(|e| e.runs.iter().map(move |_| e.epoch))
+        .collect()
 }
 
 #[test]
@@ -1057,8 +1069,7 @@ fn writeback_plan_goes_epoch_by_epoch() {
             None
         ]
     );
-    let epoch_of = |b: u64| v.iter().find(|d| d.block == b).unwrap().epoch;
-    assert_power_cut_states(&log, epoch_of);
+    assert_power_cut_states(&log, &write_epochs(&plan));
     let got = origin.data.borrow();
     for d in &v {
         let o = (d.block * 4096) as usize;
@@ -1119,6 +1130,250 @@ fn writeback_by_epoch_onto_a_file_origin() {
     assert_eq!(
         (v["counts"]["dirty"].as_u64(), v["counts"]["clean"].as_u64()),
         (Some(0), Some(6))
+    );
+}
+
+/// Versions of blocks in several epochs (superblock epoch 100): block 5
+/// in epochs 100, 101 and 103, block 6 in 100 and 101, block 7 in 102,
+/// block 8 clean.  Slot data: block + epoch.
+fn chain_entries() -> Vec<(u64, u64, bool, u64, u64)> {
+    vec![
+        (0, 5, true, 7, 103),
+        (1, 5, true, 5, 100),
+        (2, 6, true, 6, 101),
+        (3, 7, true, 7, 102),
+        (4, 5, true, 6, 101),
+        (5, 6, true, 5, 100),
+        (6, 8, false, 7, 0),
+    ]
+}
+
+fn chain_sb() -> Superblock {
+    Superblock {
+        epoch: 100,
+        ..sb(7)
+    }
+}
+
+#[test]
+fn check_applies_the_version_chain_rule() {
+    let d = TempDir::new("chains");
+    let img = disk::build_image_epochs(&chain_sb(), CACHE_SECTORS, &chain_entries(), epoch_fill);
+    let p = d.file("cache.img", &img);
+    let (out, r) = run_check(&p);
+    r.unwrap();
+    for needle in [
+        "  slots used:  7 of ",
+        ": 6 dirty (24 KiB), 1 clean,",
+        "  epochs:      4 live, oldest 100, newest 103 (the superblock's lower bound: 100); \
+         2 origin blocks dirty in several epochs (the newest version is the data)\n",
+        "result:      consistent",
+    ] {
+        assert!(out.contains(needle), "missing '{needle}' in\n{out}");
+    }
+    let mut o = vec![];
+    check(&p, true, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    let e = &v["epochs"];
+    assert_eq!(
+        (
+            e["superblock"].as_u64(),
+            e["live"].as_u64(),
+            e["oldest"].as_u64(),
+            e["newest"].as_u64()
+        ),
+        (Some(100), Some(4), Some(100), Some(103))
+    );
+    assert_eq!(e["versioned_blocks"], 2);
+    assert_eq!(
+        e["per_epoch"][1],
+        serde_json::json!({"epoch": 101, "dirty": 2})
+    );
+    assert_eq!(v["duplicates"], serde_json::json!([]));
+
+    // Block 6 twice in epoch 101: a duplicate (exit 14), named with its epoch.
+    let mut es = chain_entries();
+    es.push((20, 6, true, 4, 101));
+    let img2 = disk::build_image_epochs(&chain_sb(), CACHE_SECTORS, &es, epoch_fill);
+    let p2 = d.file("dup.img", &img2);
+    let (out, r) = run_check(&p2);
+    let e = r.unwrap_err();
+    assert_eq!(e.kind, Kind::DuplicateDirty);
+    assert!(
+        e.msg.ends_with(
+            "1 origin block is dirty in more than one slot of one epoch (block 6 in epoch 101)"
+        ),
+        "{}",
+        e.msg
+    );
+    assert!(
+        out.contains("  duplicate:   origin block 6 is dirty in slot 2 (seq 6), slot 20 (seq 4), all of epoch 101\n"),
+        "{out}"
+    );
+    let mut o = vec![];
+    check(&p2, true, &mut o, &mut vec![]).unwrap_err();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(
+        v["duplicates"],
+        serde_json::json!([{"block": 6, "epoch": 101, "slots": [2, 20], "seqs": [6, 4]}])
+    );
+
+    // The same chains in a version 2 cache: every epoch 0 there, so any two
+    // dirty entries of one block are a duplicate, as before.
+    let v2 = Superblock {
+        version: disk::VERSION_V2,
+        ..sb(7)
+    };
+    let es: Vec<(u64, u64, bool, u64)> = chain_entries()
+        .iter()
+        .map(|&(s, b, d, q, _)| (s, b, d, q))
+        .collect();
+    let (out, r) = run_check(&d.file("v2.img", &build_image(&v2, CACHE_SECTORS, &es, fill)));
+    let e = r.unwrap_err();
+    assert!(
+        e.msg
+            .ends_with(": 2 origin blocks are dirty in more than one slot (blocks 5, 6)"),
+        "{}",
+        e.msg
+    );
+    assert!(
+        out.contains(
+            "  epochs:      none in format version 2 (its dirty entries read as epoch 0)\n"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("origin block 5 is dirty in slot 0 (seq 7), slot 1 (seq 5), slot 4 (seq 6)\n"),
+        "{out}"
+    );
+
+    // Nothing dirty: no live epoch.
+    let (out, _) = run_check(&d.file(
+        "clean.img",
+        &disk::build_image_epochs(
+            &chain_sb(),
+            CACHE_SECTORS,
+            &[(6, 8, false, 7, 0)],
+            epoch_fill,
+        ),
+    ));
+    assert!(out.contains("  epochs:      none live (no committed dirty entry; the superblock's lower bound: 100)\n"), "{out}");
+}
+
+#[test]
+fn writeback_of_version_chains() {
+    let img = disk::build_image_epochs(&chain_sb(), CACHE_SECTORS, &chain_entries(), epoch_fill);
+    let m = disk::MemImage {
+        name: "cache".into(),
+        data: img.clone(),
+    };
+    let sb = chain_sb();
+    let s = disk::survey(&m, &sb).unwrap();
+    let v = s.versions_to_write();
+    let plan = plan_writeback(&v, 4096, MAX_WRITE_BYTES);
+    let shape: Vec<(u64, Vec<(u64, u64)>)> = plan
+        .iter()
+        .map(|e| {
+            (
+                e.epoch,
+                e.runs
+                    .iter()
+                    .map(|r| (r.first_block(), r.blocks.len() as u64))
+                    .collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (100, vec![(5, 2)]),
+            (101, vec![(5, 2)]),
+            (102, vec![(7, 1)]),
+            (103, vec![(5, 1)])
+        ]
+    );
+    let origin = RecOrigin::new();
+    write_plan(&m, &origin, &sb, &plan).unwrap();
+    let log = origin.log.borrow().clone();
+    assert_power_cut_states(&log, &write_epochs(&plan));
+    assert_eq!(
+        log.iter().filter(|o| o.is_none()).count(),
+        4,
+        "a sync per epoch"
+    );
+    // The newest version of each block is what the origin holds.
+    let got = origin.data.borrow().clone();
+    for (b, e) in [(5u64, 103u64), (6, 101), (7, 102)] {
+        assert_eq!(got[(b * 4096) as usize], epoch_fill(b, e), "block {b}");
+    }
+    assert_eq!(got[8 * 4096], 0xee);
+
+    // Through the command: a dry run, then the writeback; the summary
+    // counts versions and origin blocks apart.
+    let d = TempDir::new("wbchain");
+    let cache = d.file("cache.img", &img);
+    let originp = d.file("origin.img", &origin_image());
+    let mut out = vec![];
+    let sum = writeback(&cache, &originp, true, false, &mut out, &mut vec![]).unwrap();
+    assert_eq!(
+        (sum.blocks, sum.origin_blocks, sum.writes, sum.epochs),
+        (6, 3, 4, 4)
+    );
+    let out = String::from_utf8(out).unwrap();
+    assert!(
+        out.contains(": would write 6 dirty versions of 3 origin blocks (24 KiB) to "),
+        "{out}"
+    );
+    assert!(out.contains("  epoch 101: 2 blocks (8 KiB) in 1 write\n    origin blocks 5-6 (8 KiB at sector 40) from slots 4, 2\n"), "{out}");
+    let mut out = vec![];
+    writeback(&cache, &originp, false, false, &mut out, &mut vec![]).unwrap();
+    assert!(String::from_utf8(out)
+        .unwrap()
+        .contains(": wrote 6 dirty versions of 3 origin blocks (24 KiB) from "));
+    assert!(std::fs::read(&originp).unwrap() == got);
+    let mut o = vec![];
+    check(&cache, true, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(
+        (v["counts"]["dirty"].as_u64(), v["epochs"]["live"].as_u64()),
+        (Some(0), Some(0))
+    );
+
+    // A duplicate in one epoch: refused; --force leaves every version of
+    // that block as it is and writes the others, epoch by epoch.
+    let mut es = chain_entries();
+    es.push((20, 6, true, 4, 101));
+    let cache = d.file(
+        "dup.img",
+        &disk::build_image_epochs(&chain_sb(), CACHE_SECTORS, &es, epoch_fill),
+    );
+    let originp = d.file("origin2.img", &origin_image());
+    let mut err = vec![];
+    let e = writeback(&cache, &originp, false, false, &mut vec![], &mut err).unwrap_err();
+    assert_eq!(e.kind, Kind::DuplicateDirty);
+    assert!(
+        e.msg
+            .contains("dirty in more than one slot of one epoch (listed above)"),
+        "{}",
+        e.msg
+    );
+    assert!(String::from_utf8(err)
+        .unwrap()
+        .contains("origin block 6 is dirty in slots 2, 20 (seqs 6, 4), all of epoch 101\n"));
+    let sum = writeback(&cache, &originp, false, true, &mut vec![], &mut vec![]).unwrap();
+    assert_eq!(
+        (
+            sum.blocks,
+            sum.origin_blocks,
+            sum.epochs,
+            sum.skipped_duplicate
+        ),
+        (4, 2, 4, 1)
+    );
+    let got = std::fs::read(&originp).unwrap();
+    assert_eq!(
+        (got[5 * 4096], got[6 * 4096], got[7 * 4096]),
+        (epoch_fill(5, 103), 0xee, epoch_fill(7, 102))
     );
 }
 

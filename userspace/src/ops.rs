@@ -782,19 +782,30 @@ impl<'a> Ctx<'a> {
             );
         }
         if !v.duplicates.is_empty() {
+            let epochs = sbr.sb.as_ref().is_some_and(|sb| sb.has_epochs());
             let which: Vec<String> = v
                 .duplicates
                 .iter()
                 .take(5)
-                .map(|d| format!("block {} in slots {:?}", d.block, d.slots))
+                .map(|d| {
+                    if epochs {
+                        format!(
+                            "block {} in slots {:?}, all of epoch {}",
+                            d.block, d.slots, d.epoch
+                        )
+                    } else {
+                        format!("block {} in slots {:?}", d.block, d.slots)
+                    }
+                })
                 .collect();
             return Some(
                 Error::new(
                     Kind::DuplicateDirty,
                     format!(
-                        "{}: the kernel refused to load cache {}: origin blocks dirty in several slots ({})",
+                        "{}: the kernel refused to load cache {}: origin blocks dirty in several slots{} ({})",
                         s.name,
                         s.cache,
+                        if epochs { " of one epoch" } else { "" },
                         which.join("; ")
                     ),
                 )

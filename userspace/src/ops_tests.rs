@@ -2286,5 +2286,11 @@ fn a_refused_load_is_explained_from_the_entries() {
     t.image("/dev/fast", &m);
     let e = create_line(&t, false).unwrap_err();
     assert_eq!(e.kind, Kind::DuplicateDirty);
-    assert!(e.msg.contains("block 1000 in slots [0, 9]"), "{}", e.msg);
+    assert!(
+        e.msg.contains(
+            "origin blocks dirty in several slots of one epoch (block 1000 in slots [0, 9], all of epoch 0)"
+        ),
+        "{}",
+        e.msg
+    );
 }
