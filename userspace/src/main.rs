@@ -437,10 +437,12 @@ module loads it either).")]
     /// Show the superblock and the entries of a cache device
     #[command(after_help = "\
 Each entry: slot, origin block, state (dirty, clean, uncommitted, or what is
-wrong with it) and the commit that wrote it.  Exit status as for check, but
+wrong with it), the commit that wrote it and, for a dirty block, the epoch
+of its version (format version 3; 0 before).  Exit status as for check, but
 corrupt entries and the failed mark are shown, not judged.  The superblock
-shows the format version, generation and flags (failed); entries of another
-generation (foreign) are free slots, shown with --all.")]
+shows the format version, generation, epoch (a lower bound of the dirty
+entries' epochs) and flags (failed); entries of another generation
+(foreign) are free slots, shown with --all.")]
     Dump {
         /// Cache device or image file
         device: String,

@@ -488,6 +488,8 @@ struct EntryJson<'a> {
     state: EntryState,
     block: Option<u64>,
     seq: Option<u64>,
+    /// The absolute epoch of a dirty version.
+    epoch: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -499,6 +501,7 @@ struct SbJson<'a> {
     magic: &'static str,
     version: u32,
     generation: u32,
+    epoch: u64,
     commit_seq: u64,
     block_sectors: u32,
     nr_slots: u64,
@@ -517,6 +520,7 @@ fn sb_json(sb: &Superblock) -> SbJson<'_> {
         magic: disk::magic(),
         version: sb.version,
         generation: sb.generation,
+        epoch: sb.epoch,
         commit_seq: sb.commit_seq,
         block_sectors: l.block_sectors,
         nr_slots: l.nr_slots,
@@ -579,6 +583,14 @@ pub fn dump_dev(dev: &dyn ReadAt, json: bool, all: bool, out: &mut dyn Write) ->
             ("magic", disk::magic().to_string()),
             ("version", sb.version.to_string()),
             ("generation", format!("{:#010x}", sb.generation)),
+            (
+                "epoch",
+                if sb.has_epochs() {
+                    format!("{} (dirty entries are of this epoch or later)", sb.epoch)
+                } else {
+                    format!("{} (format version {}: no epochs)", sb.epoch, sb.version)
+                },
+            ),
             ("commit_seq", sb.commit_seq.to_string()),
             ("block_sectors", l.block_sectors.to_string()),
             ("nr_slots", l.nr_slots.to_string()),
@@ -605,8 +617,8 @@ pub fn dump_dev(dev: &dyn ReadAt, json: bool, all: bool, out: &mut dyn Write) ->
         );
         let _ = writeln!(
             out,
-            "  {:>10} {:>14} {:<11} {:>10}",
-            "SLOT", "ORIGIN BLOCK", "STATE", "SEQ"
+            "  {:>10} {:>14} {:<11} {:>10} {:>10}",
+            "SLOT", "ORIGIN BLOCK", "STATE", "SEQ", "EPOCH"
         );
     }
     let mut first = true;
@@ -623,6 +635,7 @@ pub fn dump_dev(dev: &dyn ReadAt, json: bool, all: bool, out: &mut dyn Write) ->
                 state: e.state,
                 block: e.block,
                 seq: e.seq,
+                epoch: e.epoch,
                 reason: corrupt.then(|| e.state.describe()),
                 raw: corrupt.then_some(rawhex.as_str()),
             };
@@ -643,11 +656,12 @@ pub fn dump_dev(dev: &dyn ReadAt, json: bool, all: bool, out: &mut dyn Write) ->
             };
             let _ = writeln!(
                 out,
-                "  {:>10} {:>14} {:<11} {:>10}{note}",
+                "  {:>10} {:>14} {:<11} {:>10} {:>10}{note}",
                 e.slot,
                 opt(e.block),
                 e.state.as_str(),
-                opt(e.seq)
+                opt(e.seq),
+                opt(e.epoch)
             );
         }
         first = false;

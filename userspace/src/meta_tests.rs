@@ -307,7 +307,11 @@ fn dump_text_and_json() {
     assert_eq!(rows.len(), 6, "{t}");
     assert_eq!(
         rows[0].split_whitespace().collect::<Vec<_>>(),
-        ["0", "11", "dirty", "5"]
+        ["0", "11", "dirty", "5", "0"]
+    );
+    assert_eq!(
+        rows[3].split_whitespace().collect::<Vec<_>>(),
+        ["8", "40", "dirty", "7", "0"]
     );
     assert!(
         rows[4].contains("bad_csum") && rows[4].contains("checksum mismatch"),
@@ -850,7 +854,7 @@ fn garbage_in_the_entry_area_reads_as_empty() {
     let t = String::from_utf8(o).unwrap();
     assert!(
         t.lines()
-            .any(|r| r.split_whitespace().collect::<Vec<_>>() == ["0", "-", "foreign", "-"]),
+            .any(|r| r.split_whitespace().collect::<Vec<_>>() == ["0", "-", "foreign", "-", "-"]),
         "{t}"
     );
     let origin = d.file("origin.img", &origin_image());
@@ -1374,6 +1378,83 @@ fn writeback_of_version_chains() {
     assert_eq!(
         (got[5 * 4096], got[6 * 4096], got[7 * 4096]),
         (epoch_fill(5, 103), 0xee, epoch_fill(7, 102))
+    );
+}
+
+#[test]
+fn dump_shows_the_epochs() {
+    let d = TempDir::new("dumpep");
+    let p = d.file("cache.img", &epoch_image());
+    let mut o = vec![];
+    dump(&p, false, false, &mut o, &mut vec![]).unwrap();
+    let t = String::from_utf8(o).unwrap();
+    assert!(
+        t.contains("  epoch           5 (dirty entries are of this epoch or later)\n"),
+        "{t}"
+    );
+    assert!(t.contains("SEQ      EPOCH\n"), "{t}");
+    let rows: Vec<Vec<&str>> = t
+        .lines()
+        .skip_while(|l| !l.contains("SLOT"))
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    // Absolute epochs, across the wrap of the 16 bits (40: bits 0x0004,
+    // epoch 0x10004); none for a clean entry; an uncommitted one's too.
+    assert_eq!(
+        rows,
+        [
+            vec!["0", "11", "dirty", "5", "5"],
+            vec!["1", "12", "dirty", "6", "6"],
+            vec!["3", "13", "dirty", "7", "5"],
+            vec!["7", "10", "dirty", "7", "5"],
+            vec!["8", "40", "dirty", "7", "65540"],
+            vec!["9", "41", "clean", "7", "-"],
+            vec![
+                "10",
+                "500",
+                "uncommitted",
+                "8",
+                "6",
+                "ignored:",
+                "newer",
+                "than",
+                "commit",
+                "7"
+            ],
+        ]
+    );
+    let mut o = vec![];
+    dump(&p, true, false, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(v["superblock"]["epoch"], 5);
+    let es = v["entries"].as_array().unwrap();
+    assert_eq!(
+        (es[4]["block"].as_u64(), es[4]["epoch"].as_u64()),
+        (Some(40), Some(0x1_0004))
+    );
+    assert!(es[5]["epoch"].is_null());
+
+    // Epoch bits in a version 2 cache: invalid flags, shown with no epoch.
+    let v2 = Superblock {
+        version: disk::VERSION_V2,
+        ..sb(7)
+    };
+    let mut img = epoch_image();
+    img[..disk::SB_BYTES].copy_from_slice(&disk::encode_sb(&v2));
+    let p = d.file("v2.img", &img);
+    let mut o = vec![];
+    dump(&p, false, false, &mut o, &mut vec![]).unwrap();
+    let t = String::from_utf8(o).unwrap();
+    assert!(
+        t.contains("  epoch           0 (format version 2: no epochs)\n"),
+        "{t}"
+    );
+    assert!(
+        t.lines()
+            .any(|l| l.split_whitespace().take(5).collect::<Vec<_>>()
+                == ["1", "-", "bad_flags", "-", "-"]),
+        "{t}"
     );
 }
 
