@@ -1306,6 +1306,12 @@ impl<'a> Ctx<'a> {
             "error_name": if s.error != 0 { Some(crate::error::errno_name(s.error)) } else { None },
             "failed": s.failed_errno().is_some(),
             "cache_failed_name": s.failed_errno().map(crate::error::errno_name),
+            "epochs": s.epochs().map(|(oldest, current)| serde_json::json!({
+                "origin_holds_before": oldest,
+                "oldest": oldest,
+                "current": current,
+                "live": current - oldest + 1,
+            })),
         })
     }
 
@@ -1450,6 +1456,9 @@ impl<'a> Ctx<'a> {
                     )
                 }
             );
+        }
+        if let Some((oldest, current)) = s.epochs() {
+            o += &format!("  epochs:     {}\n", epochs_line(oldest, current));
         }
         let tun: Vec<String> = cd
             .table
@@ -2500,6 +2509,15 @@ impl<'a> Ctx<'a> {
             )),
             None => Ok(()),
         }
+    }
+}
+
+/// "origin holds all before 17, live 17..19": status fields 24 and 25.
+fn epochs_line(oldest: u64, current: u64) -> String {
+    if oldest == current {
+        format!("origin holds all before {oldest}, live {current}")
+    } else {
+        format!("origin holds all before {oldest}, live {oldest}..{current}")
     }
 }
 

@@ -552,6 +552,51 @@ fn status_text_and_json() {
 }
 
 #[test]
+fn status_shows_the_epochs() {
+    let t = T::new();
+    t.cached("c", 12);
+    // A module without epochs: no line, null in JSON.
+    t.ctx().status(&["c".into()], false).unwrap();
+    assert!(!t.out.text().contains("epochs:"), "{}", t.out.text());
+    t.dm.with("c", |d| d.sim.as_mut().unwrap().epochs = Some((17, 19)));
+    t.ctx().status(&["c".into()], false).unwrap();
+    let o = t.out.text();
+    assert!(
+        o.contains("\n  epochs:     origin holds all before 17, live 17..19\n"),
+        "{o}"
+    );
+    assert!(!o.contains("newer module"), "{o}");
+    t.dm.with("c", |d| d.sim.as_mut().unwrap().epochs = Some((19, 19)));
+    t.ctx().status(&["c".into()], false).unwrap();
+    assert!(
+        t.out
+            .text()
+            .contains("\n  epochs:     origin holds all before 19, live 19\n"),
+        "{}",
+        t.out.text()
+    );
+
+    let t = T::new();
+    t.cached("c", 12);
+    t.cached("d", 0);
+    t.dm.with("c", |d| d.sim.as_mut().unwrap().epochs = Some((17, 19)));
+    t.ctx().status(&[], true).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&t.out.text()).unwrap();
+    assert_eq!(
+        (
+            v[0]["status"]["epoch_oldest"].as_u64(),
+            v[0]["status"]["epoch_current"].as_u64()
+        ),
+        (Some(17), Some(19))
+    );
+    assert_eq!(
+        v[0]["epochs"],
+        serde_json::json!({"origin_holds_before": 17, "oldest": 17, "current": 19, "live": 3})
+    );
+    assert!(v[1]["epochs"].is_null() && v[1]["status"]["epoch_oldest"].is_null());
+}
+
+#[test]
 fn status_shows_a_failed_cache() {
     let t = T::new();
     t.cached("c", 12);
