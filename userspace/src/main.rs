@@ -320,7 +320,10 @@ directly).  'tiercache remove NAME' drops the mapping once unused.
 --abandon is the way out of a failed cache device ('tiercache status'
 shows FAILED): no flush, no cleaner mode.  The dirty blocks only the cache
 holds are lost: those blocks read as the origin's older data.  It says how
-many, asks to type the device name, the loss in the question (--yes: no
+many and, from a module that reports epochs (the writes between two
+flushes), which epoch the origin holds: every write completed before the
+flush that opened the oldest epoch with dirty blocks.  It asks to type the
+device name, the loss in the question (--yes: no
 question; without a terminal and without --yes it refuses, exit 2; another
 answer: exit 16), swaps the table for the linear mapping and releases the
 cache as above, and marks the cache device's superblock failed: no module

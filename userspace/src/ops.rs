@@ -1992,11 +1992,20 @@ impl<'a> Ctx<'a> {
                 "{name}: the cache device {cache_name} is not reported failed; abandoning it anyway (--force): {loss}"
             ),
         }
+        if let Some(note) = abandon_epochs_note(st) {
+            outln!(self, "{name}: {note}");
+        }
         if !yes {
             let what = if st.dirty_blocks == 0 {
                 "its cache (it holds no dirty blocks)".to_string()
             } else {
-                format!("its cache and lose its {}", dirty(st.dirty_blocks))
+                format!(
+                    "its cache and lose its {}{}",
+                    dirty(st.dirty_blocks),
+                    lost_epochs(st)
+                        .map(|e| format!(", {e}"))
+                        .unwrap_or_default()
+                )
             };
             self.confirm_abandon(name, &what)?;
         }
@@ -2011,8 +2020,8 @@ impl<'a> Ctx<'a> {
         }
         // Suspended: nothing changes any more.  What was confirmed must
         // still hold; what is dirty now is what is lost.
-        let lost = match self.recheck_abandon(&cd, force) {
-            Ok(s) => s.dirty_blocks,
+        let (lost, lost_in) = match self.recheck_abandon(&cd, force) {
+            Ok(s) => (s.dirty_blocks, lost_epochs(&s)),
             Err(e) => {
                 let _ = self.dm.clear_inactive(name);
                 return Err(match self.dm.resume(name) {
@@ -2050,7 +2059,10 @@ impl<'a> Ctx<'a> {
         let lost_note = if lost == 0 {
             "no dirty blocks lost".to_string()
         } else {
-            format!("{} lost", dirty(lost))
+            match lost_in {
+                Some(e) => format!("{} lost, {e}", dirty(lost)),
+                None => format!("{} lost", dirty(lost)),
+            }
         };
         let mark_note = match &mark {
             Ok(note) => note.as_str(),
@@ -2510,6 +2522,35 @@ impl<'a> Ctx<'a> {
             None => Ok(()),
         }
     }
+}
+
+/// The epochs of the dirty blocks an abandon loses: "of epochs 17 to 19",
+/// "of epoch 19"; None without status fields 24-25 or dirty blocks.
+fn lost_epochs(s: &Status) -> Option<String> {
+    let (oldest, current) = s.epochs().filter(|_| s.dirty_blocks > 0)?;
+    Some(if oldest == current {
+        format!("of epoch {oldest}")
+    } else {
+        format!("of epochs {oldest} to {current}")
+    })
+}
+
+/// What the origin holds once the cache is abandoned, by the epochs
+/// (status fields 24-25): every epoch before the oldest with dirty
+/// blocks, entirely.  None without the fields or without dirty blocks
+/// (then the origin holds every write).
+fn abandon_epochs_note(s: &Status) -> Option<String> {
+    let (oldest, _) = s.epochs()?;
+    let lost = lost_epochs(s)?;
+    Some(if oldest == 0 {
+        format!("the origin holds no epoch entirely: the dirty blocks lost are {lost}")
+    } else {
+        format!(
+            "the origin holds every write completed before the flush that opened epoch {oldest} was issued \
+             (epochs up to {} entirely); the dirty blocks lost are {lost}",
+            oldest - 1
+        )
+    })
 }
 
 /// "origin holds all before 17, live 17..19": status fields 24 and 25.

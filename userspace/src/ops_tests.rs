@@ -1061,6 +1061,60 @@ fn abandon_swaps_to_linear_without_flushing() {
 }
 
 #[test]
+fn abandon_names_the_epoch_the_origin_holds() {
+    let t = T::new();
+    t.cached("c", 7);
+    t.image("/dev/fast", &Meta::new("c", FAST, SLOW).dirty(7));
+    fail_cache(&t, "c", 7, -5);
+    t.dm.with("c", |d| d.sim.as_mut().unwrap().epochs = Some((17, 19)));
+    t.host.stdin_tty.set(true);
+    t.host.stdin.borrow_mut().push_back("c".into());
+    t.ctx()
+        .abandon("c", DetachCache::Split, false, false)
+        .unwrap();
+    let o = t.out.text();
+    let lines: Vec<&str> = o.lines().collect();
+    assert_eq!(
+        lines[..2],
+        [
+            "c: the cache device dev8:32 FAILED (error -5, EIO (Input/output error)); abandoning it: \
+             its 7 dirty blocks (28 KiB) are lost: those blocks will read as the origin's older data",
+            "c: the origin holds every write completed before the flush that opened epoch 17 was issued \
+             (epochs up to 16 entirely); the dirty blocks lost are of epochs 17 to 19"
+        ],
+        "{o}"
+    );
+    assert!(
+        o.contains("c: cache abandoned: /dev/mapper/c now maps dev8:16 directly; 7 dirty blocks (28 KiB) lost, of epochs 17 to 19; "),
+        "{o}"
+    );
+    // The question says it too.
+    assert_eq!(
+        t.err.text(),
+        "Type the device name (c) to abandon its cache and lose its 7 dirty blocks (28 KiB), of epochs 17 to 19: "
+    );
+
+    // One epoch; epoch 0 (the origin holds none entirely); nothing dirty
+    // (nothing to say: the origin holds every write); no fields.
+    for (epochs, dirty, want) in [
+        (Some((19, 19)), 7, Some("c: the origin holds every write completed before the flush that opened epoch 19 was issued (epochs up to 18 entirely); the dirty blocks lost are of epoch 19")),
+        (Some((0, 3)), 7, Some("c: the origin holds no epoch entirely: the dirty blocks lost are of epochs 0 to 3")),
+        (Some((5, 5)), 0, None),
+        (None, 7, None),
+    ] {
+        let t = T::new();
+        t.cached("c", dirty);
+        t.image("/dev/fast", &Meta::new("c", FAST, SLOW).dirty(dirty));
+        fail_cache(&t, "c", dirty, -5);
+        t.dm.with("c", |d| d.sim.as_mut().unwrap().epochs = epochs);
+        t.ctx().abandon("c", DetachCache::Split, true, false).unwrap();
+        let o = t.out.text();
+        let note = o.lines().find(|l| l.contains("epoch"));
+        assert_eq!(note, want, "{epochs:?} {dirty}: {o}");
+    }
+}
+
+#[test]
 fn abandon_asks_for_the_device_name() {
     let t = T::new();
     t.cached("c", 7);
