@@ -7,12 +7,20 @@
  */
 #ifdef __KERNEL__
 #include <linux/crc32c.h>
+#include <linux/stddef.h>
 #include <linux/string.h>
 #else
+#include <stddef.h>
 #include <string.h>
 #endif
 
 #include "tc_disk.h"
+
+/* The on-disk layout, the same for every compiler that builds this file */
+_Static_assert(sizeof(struct tc_disk_sb) == 512, "superblock: one sector");
+_Static_assert(offsetof(struct tc_disk_sb, gen) == 192, "v2 field moved");
+_Static_assert(offsetof(struct tc_disk_sb, epoch) == 200, "v3 field moved");
+_Static_assert(sizeof(struct tc_disk_entry) == 32, "entry: 32 bytes");
 
 #ifdef __KERNEL__
 u32 tc_disk_crc(const void *p, size_t len)
@@ -99,6 +107,7 @@ void tc_sb_encode(struct tc_disk_sb *sb, const struct tc_sb_info *i)
 	sb->origin_sectors = cpu_to_le64(i->origin_sectors);
 	memcpy(sb->uuid, i->uuid, n);
 	sb->gen = cpu_to_le32(i->gen);
+	sb->epoch = cpu_to_le64(i->epoch);
 	sb->flags = cpu_to_le32(i->flags);
 	sb->csum = cpu_to_le32(tc_disk_crc(sb, sizeof(*sb)));
 }
@@ -120,7 +129,11 @@ static bool tc_sb_fields_ok(const struct tc_disk_sb *sb,
 	for (k = 0; k < sizeof(sb->reserved); k++)
 		if (sb->reserved[k])
 			return false;
-	/* version 1: the generation word was reserved */
+	if (sb->pad)
+		return false;
+	/* versions 1 and 2: the epoch was reserved; version 1: the gen too */
+	if (i->version <= TC_DISK_VERSION_V2 && i->epoch)
+		return false;
 	return i->version != TC_DISK_VERSION_V1 || !i->gen;
 }
 
@@ -137,11 +150,13 @@ enum tc_sb_result tc_sb_decode(const struct tc_disk_sb *sb,
 	if (tc_disk_crc(&tmp, sizeof(tmp)) != le32_to_cpu(sb->csum))
 		return TC_SB_BAD_CSUM;
 	version = le32_to_cpu(sb->version);
-	if (version != TC_DISK_VERSION && version != TC_DISK_VERSION_V1)
+	if (version != TC_DISK_VERSION && version != TC_DISK_VERSION_V2 &&
+	    version != TC_DISK_VERSION_V1)
 		return TC_SB_BAD_VERSION;
 	memset(i, 0, sizeof(*i));
 	i->version = version;
 	i->gen = le32_to_cpu(sb->gen);
+	i->epoch = le64_to_cpu(sb->epoch);
 	i->flags = le32_to_cpu(sb->flags);
 	i->commit_seq = le64_to_cpu(sb->commit_seq);
 	i->origin_sectors = le64_to_cpu(sb->origin_sectors);
@@ -174,14 +189,23 @@ const char *tc_sb_result_str(enum tc_sb_result r)
 	return "unknown";
 }
 
+/*
+ * Encode the entry of @slot: @block, clean or @dirty (a version of epoch
+ * @epoch, its low 16 bits; ignored for a clean entry), written by commit
+ * @seq under format generation @gen.
+ */
 void tc_de_encode(struct tc_disk_entry *d, u64 slot, u64 block, bool dirty,
-		  u64 seq, u32 gen)
+		  u64 seq, u32 gen, u16 epoch)
 {
+	u32 flags = TC_DE_VALID;
+
+	if (dirty)
+		flags |= TC_DE_DIRTY | (u32)epoch << TC_DE_EPOCH_SHIFT;
 	memset(d, 0, sizeof(*d));
 	d->block = cpu_to_le64(block);
 	d->seq = cpu_to_le64(seq);
 	d->slot = cpu_to_le32((u32)slot);
-	d->flags = cpu_to_le32(TC_DE_VALID | (dirty ? TC_DE_DIRTY : 0));
+	d->flags = cpu_to_le32(flags);
 	d->gen = cpu_to_le32(gen);
 	d->csum = cpu_to_le32(tc_disk_crc(d, sizeof(*d)));
 }
@@ -237,18 +261,20 @@ static enum tc_de_result tc_de_decode_other(const struct tc_disk_entry *d,
 }
 
 /*
- * Decode the entry of @slot under a superblock of generation @gen.  Only
- * an entry of that generation naming its own slot is checked further: any
- * other non-zero entry is foreign (left by an earlier format, or bytes the
- * device held before), a free slot like an all-zero one, unless it is one
- * of ours with its gen or slot word damaged (a checksum mismatch) or one
- * of this generation for another slot (misplaced).
+ * Decode the entry of @slot under a superblock of generation @gen and
+ * format version @version.  Only an entry of that generation naming its
+ * own slot is checked further: any other non-zero entry is foreign (left
+ * by an earlier format, or bytes the device held before), a free slot
+ * like an all-zero one, unless it is one of ours with its gen or slot
+ * word damaged (a checksum mismatch) or one of this generation for
+ * another slot (misplaced).  Epoch bits are valid in a dirty entry of
+ * version 3 only; @i->epoch gets them (tc_disk_epoch makes them absolute).
  */
 enum tc_de_result tc_de_decode(const struct tc_disk_entry *d, u64 slot,
 			       u64 nr_blocks, u64 commit_seq, u32 gen,
-			       struct tc_de_info *i)
+			       u32 version, struct tc_de_info *i)
 {
-	u32 flags;
+	u32 flags, epoch;
 
 	if (tc_de_is_zero(d))
 		return TC_DE_EMPTY;
@@ -256,12 +282,17 @@ enum tc_de_result tc_de_decode(const struct tc_disk_entry *d, u64 slot,
 		return tc_de_decode_other(d, (u32)slot, gen);
 	if (tc_de_crc(d, d->slot, d->gen) != le32_to_cpu(d->csum))
 		return TC_DE_BAD_CSUM;
-	flags = le32_to_cpu(d->flags);
+	flags = le32_to_cpu(d->flags) & ~TC_DE_EPOCH_MASK;
+	epoch = le32_to_cpu(d->flags) >> TC_DE_EPOCH_SHIFT;
 	if (!(flags & TC_DE_VALID) || (flags & ~(TC_DE_VALID | TC_DE_DIRTY)))
+		return TC_DE_BAD_FLAGS;
+	/* an epoch belongs to a dirty version, and versions 1, 2 had none */
+	if (epoch && (!(flags & TC_DE_DIRTY) || version <= TC_DISK_VERSION_V2))
 		return TC_DE_BAD_FLAGS;
 	i->block = le64_to_cpu(d->block);
 	i->seq = le64_to_cpu(d->seq);
 	i->dirty = flags & TC_DE_DIRTY;
+	i->epoch = (u16)epoch;
 	if (i->block >= nr_blocks)
 		return TC_DE_BAD_BLOCK;
 	if (i->seq > commit_seq)

@@ -85,9 +85,26 @@
  *
  * Version 1 (no generation: the superblock's gen was reserved and zero,
  * the entry's gen word was reserved and zero, and a format zeroed the
- * entry area) decodes as generation 0, under the same rule.  The module
- * writes version 2 only: a version 1 cache becomes version 2, generation
- * 0, at its first commit.
+ * entry area) decodes as generation 0, under the same rule.
+ *
+ * Epochs (version 3).  An epoch is the set of writes the cached device
+ * received between two REQ_PREFLUSH.  Each committed dirty entry records
+ * the epoch of its dirty version: the low 16 bits in bits 16..31 of its
+ * flags (TC_DE_EPOCH_MASK; 0 in a clean entry).  The superblock's epoch is
+ * a lower bound of the epochs of its committed dirty entries (the module
+ * writes the oldest epoch live when the commit began), and an entry is
+ * never older than that: tc_disk_epoch() gives its absolute epoch, from
+ * the superblock's epoch up to 2^16 - 1 past it.  One origin block may be
+ * dirty in several slots, one version per epoch (copy on write under the
+ * ordered writeback policy): the version of the newest epoch is the
+ * block's data, older ones are written back first.  Two committed dirty
+ * entries of one block with the same absolute epoch are corruption, as
+ * two dirty entries of one block are in versions 1 and 2.
+ *
+ * The module writes version 3 only: a version 1 or 2 cache decodes as
+ * superblock epoch 0 with every entry of epoch 0 (epoch bits in one of its
+ * entries are invalid flags), and becomes version 3 at its first commit,
+ * keeping its generation.
  */
 #ifndef DM_TIERCACHE_DISK_H
 #define DM_TIERCACHE_DISK_H
@@ -101,6 +118,7 @@
 #include <stdbool.h>
 #include <endian.h>
 typedef uint8_t u8;
+typedef uint16_t u16;
 typedef uint32_t u32;
 typedef uint64_t u64;
 typedef uint8_t __u8;
@@ -113,7 +131,8 @@ typedef uint64_t __le64;
 #endif
 
 #define TC_DISK_MAGIC		"TIERCACH"
-#define TC_DISK_VERSION		2	/* the version written */
+#define TC_DISK_VERSION		3	/* the version written */
+#define TC_DISK_VERSION_V2	2	/* still read: no epochs (all 0) */
 #define TC_DISK_VERSION_V1	1	/* still read, as generation 0 */
 
 #define TC_SB_SECTORS		8		/* reserved for the superblock */
@@ -136,7 +155,9 @@ struct tc_disk_sb {
 	__le64 origin_sectors;		/* length of the cached origin */
 	__u8 uuid[TC_UUID_BYTES];	/* dm uuid of the device, NUL padded */
 	__le32 gen;			/* format generation (v1: reserved, 0) */
-	__u8 reserved[316];
+	__le32 pad;			/* 0: aligns epoch */
+	__le64 epoch;			/* dirty epochs >= it (v1, v2: 0) */
+	__u8 reserved[304];
 };
 
 /*
@@ -155,6 +176,9 @@ struct tc_disk_sb {
 /* entry flags */
 #define TC_DE_VALID		1u	/* the slot holds a block */
 #define TC_DE_DIRTY		2u	/* ... newer than the origin */
+/* v3: the low 16 bits of a dirty version's epoch (0 in a clean entry) */
+#define TC_DE_EPOCH_SHIFT	16
+#define TC_DE_EPOCH_MASK	0xffff0000u
 
 struct tc_disk_entry {
 	__le64 block;			/* origin block */
@@ -183,6 +207,7 @@ struct tc_sb_info {
 	u32 version;			/* as read; tc_sb_encode writes the current */
 	u32 gen;			/* format generation */
 	u32 flags;			/* TC_SB_* */
+	u64 epoch;			/* dirty epochs >= it (v1, v2: 0) */
 	char uuid[TC_UUID_BYTES + 1];
 };
 
@@ -210,7 +235,19 @@ struct tc_de_info {
 	u64 block;
 	u64 seq;
 	bool dirty;
+	u16 epoch;			/* low bits (tc_disk_epoch); clean: 0 */
 };
+
+/*
+ * The absolute epoch of an entry whose epoch bits are @e, under a
+ * superblock of epoch @sb_epoch: entries are never older than the
+ * superblock's epoch, so @e is the first epoch from @sb_epoch on with
+ * those low 16 bits.
+ */
+static inline u64 tc_disk_epoch(u64 sb_epoch, u16 e)
+{
+	return sb_epoch + (u16)(e - (u16)sb_epoch);
+}
 
 u32 tc_disk_crc(const void *p, size_t len);
 
@@ -223,11 +260,11 @@ enum tc_sb_result tc_sb_decode(const struct tc_disk_sb *sb,
 const char *tc_sb_result_str(enum tc_sb_result r);
 
 void tc_de_encode(struct tc_disk_entry *d, u64 slot, u64 block, bool dirty,
-		  u64 seq, u32 gen);
+		  u64 seq, u32 gen, u16 epoch);
 void tc_de_encode_empty(struct tc_disk_entry *d);
 enum tc_de_result tc_de_decode(const struct tc_disk_entry *d, u64 slot,
 			       u64 nr_blocks, u64 commit_seq, u32 gen,
-			       struct tc_de_info *i);
+			       u32 version, struct tc_de_info *i);
 bool tc_de_free(enum tc_de_result r);
 const char *tc_de_result_str(enum tc_de_result r);
 

@@ -251,7 +251,8 @@ static bool tc_meta_entry_right(u32 slot, const struct tc_disk_entry *d,
 				const struct tc_meta_want *w, u64 seq, u32 gen)
 {
 	struct tc_de_info info;
-	enum tc_de_result r = tc_de_decode(d, slot, U64_MAX, seq, gen, &info);
+	enum tc_de_result r = tc_de_decode(d, slot, U64_MAX, seq, gen,
+					   TC_DISK_VERSION, &info);
 
 	if (!w->valid)
 		return tc_de_free(r);
@@ -283,7 +284,8 @@ static void tc_meta_fill_block(struct tc_cache *c, u64 mb, void *blk,
 		if (!w->valid)
 			tc_de_encode_empty(d);
 		else
-			tc_de_encode(d, s, w->block, w->dirty, w->seq, m->gen);
+			tc_de_encode(d, s, w->block, w->dirty, w->seq, m->gen,
+				     0);
 	}
 	/* past the last slot: the rest of the last block stays as it is */
 }
@@ -752,7 +754,8 @@ static int tc_meta_load_entry(struct tc_cache *c, u32 s,
 	enum tc_de_result res;
 	int r;
 
-	res = tc_de_decode(d, s, c->nr_blocks, m->committed_seq, m->gen, &info);
+	res = tc_de_decode(d, s, c->nr_blocks, m->committed_seq, m->gen,
+			   TC_DISK_VERSION, &info);
 	switch (res) {
 	case TC_DE_EMPTY:
 	case TC_DE_FOREIGN:	/* another generation's, or leftover bytes */
@@ -912,7 +915,8 @@ static int tc_meta_count_dirty(struct tc_cache *c, const struct tc_sb_info *i,
 			       REQ_OP_READ);
 		for (k = 0; k < n && !r; k++)
 			if (tc_de_decode(buf + k, s + k, U64_MAX, i->commit_seq,
-					 i->gen, &info) == TC_DE_DIRTY_OK)
+					 i->gen, i->version, &info) ==
+			    TC_DE_DIRTY_OK)
 				(*dirty)++;
 		cond_resched();
 	}

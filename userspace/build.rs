@@ -19,8 +19,11 @@ fn main() {
     let abi = manifest.join("csrc/tc_disk_abi.c");
     println!("cargo:rerun-if-changed={}", abi.display());
 
+    // tc_disk_abi.c too: it wraps the header's inline functions, which
+    // bindgen does not bind.
     cc::Build::new()
         .file(&code)
+        .file(&abi)
         .include(&src)
         .warnings(true)
         .extra_warnings(true)
@@ -37,8 +40,9 @@ fn main() {
         .allowlist_var("tc_abi_.*")
         // The header's kernel-style typedefs (u8, u32, __le64, ...) would
         // shadow Rust's primitive names: use the primitives directly.
-        .blocklist_type("u8|u32|u64|__u8|__le32|__le64")
+        .blocklist_type("u8|u16|u32|u64|__u8|__le32|__le64")
         .raw_line("#[allow(non_camel_case_types)] type u8 = core::primitive::u8;")
+        .raw_line("#[allow(non_camel_case_types)] type u16 = core::primitive::u16;")
         .raw_line("#[allow(non_camel_case_types)] type u32 = core::primitive::u32;")
         .raw_line("#[allow(non_camel_case_types)] type u64 = core::primitive::u64;")
         .raw_line("#[allow(non_camel_case_types)] type __u8 = core::primitive::u8;")

@@ -4,9 +4,12 @@
  * device image, one line per item, for test_tcdisk.py to compare with the
  * Python copy of the decoder (tests/vm/tcdisk.py):
  *
- *   sb STATE VERSION GEN COMMIT_SEQ NR_SLOTS NR_BLOCKS FLAGS
- *   SLOT STATE BLOCK SEQ DIRTY      (BLOCK SEQ DIRTY "-" where not decoded)
+ *   sb STATE VERSION GEN COMMIT_SEQ NR_SLOTS NR_BLOCKS FLAGS EPOCH
+ *   SLOT STATE BLOCK SEQ DIRTY EPOCH
  *
+ * BLOCK SEQ DIRTY EPOCH are "-" where not decoded; EPOCH is the absolute
+ * epoch of a dirty version (tc_disk_epoch of the superblock's epoch and
+ * the entry's bits), "-" for a clean entry.
  * STATE is the tcdisk.py name of the tc_sb_result / tc_de_result.  The
  * entries follow only if the superblock decodes, for the slots the image
  * holds.
@@ -114,10 +117,11 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	nr_blocks = i.origin_sectors / i.layout.block_sectors;
-	printf("sb %s %u %u %llu %llu %llu %u\n", sb_name(res), i.version,
+	printf("sb %s %u %u %llu %llu %llu %u %llu\n", sb_name(res), i.version,
 	       i.gen, (unsigned long long)i.commit_seq,
 	       (unsigned long long)i.layout.nr_slots,
-	       (unsigned long long)nr_blocks, i.flags);
+	       (unsigned long long)nr_blocks, i.flags,
+	       (unsigned long long)i.epoch);
 	for (s = 0; s < i.layout.nr_slots; s++) {
 		size_t off = meta_off + s * sizeof(struct tc_disk_entry);
 		struct tc_disk_entry d;
@@ -127,15 +131,22 @@ int main(int argc, char **argv)
 		if (off + sizeof(d) > len)
 			break;
 		memcpy(&d, img + off, sizeof(d));
-		r = tc_de_decode(&d, s, nr_blocks, i.commit_seq, i.gen, &e);
+		r = tc_de_decode(&d, s, nr_blocks, i.commit_seq, i.gen,
+				 i.version, &e);
 		if (r == TC_DE_CLEAN || r == TC_DE_DIRTY_OK ||
-		    r == TC_DE_UNCOMMITTED || r == TC_DE_BAD_BLOCK)
-			printf("%llu %s %llu %llu %d\n", (unsigned long long)s,
+		    r == TC_DE_UNCOMMITTED || r == TC_DE_BAD_BLOCK) {
+			printf("%llu %s %llu %llu %d ", (unsigned long long)s,
 			       de_name(r), (unsigned long long)e.block,
 			       (unsigned long long)e.seq, e.dirty);
-		else
-			printf("%llu %s - - -\n", (unsigned long long)s,
+			if (e.dirty)
+				printf("%llu\n", (unsigned long long)
+				       tc_disk_epoch(i.epoch, e.epoch));
+			else
+				printf("-\n");
+		} else {
+			printf("%llu %s - - - -\n", (unsigned long long)s,
 			       de_name(r));
+		}
 	}
 	free(img);
 	return 0;

@@ -5,11 +5,12 @@
  * The input is a cache device image: the superblock in sector 0, the
  * entries from sector TC_META_START.  The superblock is decoded, then
  * every entry the input holds, with the superblock's origin size, commit
- * sequence and generation (or, if it does not decode, values taken from
- * its raw fields, so that the entry decoder is exercised either way), and
- * once more with the entry's own generation word (so that the checks past
- * the generation test run on most inputs, not only on those where the
- * fuzzer matched the superblock's generation).  Last,
+ * sequence, generation, version and epoch (or, if it does not decode,
+ * values taken from its raw fields, so that the entry decoder is
+ * exercised either way), and once more with the entry's own generation
+ * word (so that the checks past the generation test run on most inputs,
+ * not only on those where the fuzzer matched the superblock's
+ * generation).  Last,
  * tc_disk_layout runs on a device size and block size taken from the
  * input.  Besides memory and UB errors (ASan, UBSan), the properties the
  * module and the tool rely on are checked, and a violation aborts:
@@ -17,11 +18,16 @@
  * - a superblock that decodes has a consistent layout and no flag but the
  *   defined ones, and encoding what was decoded gives a superblock that
  *   decodes to the same values, as the current version (a version 1
- *   superblock has generation 0);
+ *   superblock has generation 0, versions 1 and 2 have epoch 0);
  * - an entry that decodes as clean, dirty or uncommitted is exactly what
- *   tc_de_encode writes for its fields (nothing else is accepted), and the
- *   result agrees with the fields (dirty flag, block below the origin,
- *   sequence against the commit);
+ *   tc_de_encode writes for its fields, its epoch included (nothing else
+ *   is accepted), and the result agrees with the fields (dirty flag, block
+ *   below the origin, sequence against the commit, no epoch in a clean
+ *   entry nor in versions 1 and 2); its absolute epoch (tc_disk_epoch) has
+ *   its epoch bits and is less than 2^16 past the superblock's epoch;
+ * - versions 1 and 2 decode every entry alike, and version 3 as they do
+ *   but for one with epoch bits that version 3 accepts: invalid flags in
+ *   versions 1 and 2;
  * - an all-zero entry is empty and nothing else is; a non-zero entry whose
  *   generation or slot word differs from the generation and slot it is
  *   decoded for is foreign, a checksum mismatch or misplaced, and which
@@ -99,13 +105,16 @@ static void fuzz_sb(const struct tc_disk_sb *sb, struct tc_sb_info *out,
 	FUZZ_ASSERT(i.origin_sectors > 0);
 	FUZZ_ASSERT(memchr(i.uuid, 0, sizeof(i.uuid)) != NULL);
 	FUZZ_ASSERT(i.version == TC_DISK_VERSION ||
+		    i.version == TC_DISK_VERSION_V2 ||
 		    i.version == TC_DISK_VERSION_V1);
 	FUZZ_ASSERT(i.version != TC_DISK_VERSION_V1 || i.gen == 0);
+	FUZZ_ASSERT(i.version == TC_DISK_VERSION || i.epoch == 0);
 	FUZZ_ASSERT(!(i.flags & ~TC_SB_KNOWN_FLAGS));
 
 	tc_sb_encode(&again, &i);
 	FUZZ_ASSERT(tc_sb_decode(&again, &j) == TC_SB_OK);
 	FUZZ_ASSERT(j.version == TC_DISK_VERSION && j.gen == i.gen);
+	FUZZ_ASSERT(j.epoch == i.epoch);
 	FUZZ_ASSERT(j.flags == i.flags);
 	FUZZ_ASSERT(j.commit_seq == i.commit_seq);
 	FUZZ_ASSERT(j.origin_sectors == i.origin_sectors);
@@ -130,14 +139,16 @@ static enum tc_de_result other_expected(const struct tc_disk_entry *d,
 	/* generation 0 (version 1) zeroed its area: nothing is foreign */
 	if (!gen)
 		return dslot != (u32)slot ? TC_DE_BAD_SLOT : TC_DE_BAD_FLAGS;
-	if (tc_de_decode(d, dslot, ~0ULL, ~0ULL, dgen, &i) != TC_DE_BAD_CSUM)
+	if (tc_de_decode(d, dslot, ~0ULL, ~0ULL, dgen, TC_DISK_VERSION, &i) !=
+	    TC_DE_BAD_CSUM)
 		return dgen == gen ? TC_DE_BAD_SLOT : TC_DE_FOREIGN;
 	if (dslot != (u32)slot && dgen != gen)
 		return TC_DE_FOREIGN;
 	fixed.slot = htole32((u32)slot);
 	fixed.gen = htole32(gen);
 	/* (all zero, it is empty: its checksum word 0 is not its CRC) */
-	switch (tc_de_decode(&fixed, slot, ~0ULL, ~0ULL, gen, &i)) {
+	switch (tc_de_decode(&fixed, slot, ~0ULL, ~0ULL, gen, TC_DISK_VERSION,
+			     &i)) {
 	case TC_DE_BAD_CSUM:
 	case TC_DE_EMPTY:
 		return TC_DE_FOREIGN;
@@ -146,8 +157,43 @@ static enum tc_de_result other_expected(const struct tc_disk_entry *d,
 	}
 }
 
+static bool fields_decoded(enum tc_de_result r)
+{
+	return r == TC_DE_CLEAN || r == TC_DE_DIRTY_OK ||
+	       r == TC_DE_UNCOMMITTED || r == TC_DE_BAD_BLOCK;
+}
+
+/* Versions 1 and 2 against version 3: only the epoch bits differ. */
+static void fuzz_versions(const struct tc_disk_entry *d, u64 slot,
+			  u64 nr_blocks, u64 commit_seq, u32 gen)
+{
+	struct tc_de_info i1, i2, i3;
+	enum tc_de_result r1, r2, r3;
+
+	memset(&i1, 0, sizeof(i1));
+	memset(&i2, 0, sizeof(i2));
+	memset(&i3, 0, sizeof(i3));
+	r1 = tc_de_decode(d, slot, nr_blocks, commit_seq, gen,
+			  TC_DISK_VERSION_V1, &i1);
+	r2 = tc_de_decode(d, slot, nr_blocks, commit_seq, gen,
+			  TC_DISK_VERSION_V2, &i2);
+	r3 = tc_de_decode(d, slot, nr_blocks, commit_seq, gen,
+			  TC_DISK_VERSION, &i3);
+	FUZZ_ASSERT(r1 == r2);
+	if (fields_decoded(r3) && i3.epoch) {
+		FUZZ_ASSERT(i3.dirty);
+		FUZZ_ASSERT(r2 == TC_DE_BAD_FLAGS);
+		return;
+	}
+	FUZZ_ASSERT(r2 == r3);
+	if (fields_decoded(r3))
+		FUZZ_ASSERT(i2.block == i3.block && i2.seq == i3.seq &&
+			    i2.dirty == i3.dirty && i2.epoch == 0);
+}
+
 static void fuzz_entry(const struct tc_disk_entry *d, u64 slot,
-		       u64 nr_blocks, u64 commit_seq, u32 gen)
+		       u64 nr_blocks, u64 commit_seq, u32 gen, u32 version,
+		       u64 sb_epoch)
 {
 	static const struct tc_disk_entry zero;
 	struct tc_disk_entry again;
@@ -155,9 +201,10 @@ static void fuzz_entry(const struct tc_disk_entry *d, u64 slot,
 	enum tc_de_result r;
 	bool is_zero = !memcmp(d, &zero, sizeof(zero));
 	bool ours = le32toh(d->gen) == gen && le32toh(d->slot) == (u32)slot;
+	u64 abs;
 
 	memset(&i, 0, sizeof(i));
-	r = tc_de_decode(d, slot, nr_blocks, commit_seq, gen, &i);
+	r = tc_de_decode(d, slot, nr_blocks, commit_seq, gen, version, &i);
 	FUZZ_ASSERT(r <= TC_DE_BAD_BLOCK);
 	FUZZ_ASSERT(tc_de_result_str(r) != NULL);
 	FUZZ_ASSERT((r == TC_DE_EMPTY) == is_zero);
@@ -174,16 +221,24 @@ static void fuzz_entry(const struct tc_disk_entry *d, u64 slot,
 		FUZZ_ASSERT((r == TC_DE_UNCOMMITTED) == (i.seq > commit_seq));
 		FUZZ_ASSERT(r != TC_DE_DIRTY_OK || i.dirty);
 		FUZZ_ASSERT(r != TC_DE_CLEAN || !i.dirty);
+		FUZZ_ASSERT(i.dirty || !i.epoch);
+		FUZZ_ASSERT(version > TC_DISK_VERSION_V2 || !i.epoch);
 		/* only the encoder's own output is accepted */
-		tc_de_encode(&again, slot, i.block, i.dirty, i.seq, gen);
+		tc_de_encode(&again, slot, i.block, i.dirty, i.seq, gen,
+			     i.epoch);
 		FUZZ_ASSERT(!memcmp(&again, d, sizeof(again)));
+		abs = tc_disk_epoch(sb_epoch, i.epoch);
+		FUZZ_ASSERT((u16)abs == i.epoch);
+		FUZZ_ASSERT(abs - sb_epoch <= 0xffff);
 		break;
 	case TC_DE_BAD_BLOCK:
 		FUZZ_ASSERT(i.block >= nr_blocks);
+		FUZZ_ASSERT(version > TC_DISK_VERSION_V2 || !i.epoch);
 		break;
 	default:
 		break;
 	}
+	fuzz_versions(d, slot, nr_blocks, commit_seq, gen);
 }
 
 static void fuzz_layout(u64 cache_sectors, u32 block_sectors)
@@ -227,8 +282,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct tc_disk_sb sb;
 	struct tc_sb_info info;
 	enum tc_sb_result res;
-	u64 nr_blocks, commit_seq, nr_slots, slot;
-	u32 gen;
+	u64 nr_blocks, commit_seq, nr_slots, slot, epoch;
+	u32 gen, version;
 
 	/* the superblock sector, zero padded like the end of a short device */
 	memset(&sb, 0, sizeof(sb));
@@ -239,6 +294,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		nr_blocks = info.origin_sectors / info.layout.block_sectors;
 		commit_seq = info.commit_seq;
 		gen = info.gen;
+		version = info.version;
+		epoch = info.epoch;
 		nr_slots = info.layout.nr_slots;
 	} else {
 		/* the raw fields, whatever they hold */
@@ -249,6 +306,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			nr_blocks /= bs;
 		commit_seq = get_le64((const uint8_t *)&sb.commit_seq);
 		gen = get_le32((const uint8_t *)&sb.gen);
+		version = get_le32((const uint8_t *)&sb.version);
+		epoch = get_le64((const uint8_t *)&sb.epoch);
 		nr_slots = get_le64((const uint8_t *)&sb.nr_slots);
 	}
 
@@ -260,8 +319,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (off + sizeof(d) > size || off < meta_off)
 			break;
 		memcpy(&d, data + off, sizeof(d));
-		fuzz_entry(&d, slot, nr_blocks, commit_seq, gen);
-		fuzz_entry(&d, slot, nr_blocks, commit_seq, le32toh(d.gen));
+		fuzz_entry(&d, slot, nr_blocks, commit_seq, gen, version,
+			   epoch);
+		fuzz_entry(&d, slot, nr_blocks, commit_seq, le32toh(d.gen),
+			   version, epoch);
 	}
 
 	/* the layout, on a device size and block size from the input */

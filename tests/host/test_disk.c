@@ -10,6 +10,10 @@
 
 static int failures;
 
+#define V3	TC_DISK_VERSION		/* the version written */
+#define V2	TC_DISK_VERSION_V2
+#define V1	TC_DISK_VERSION_V1
+
 #define CHECK(cond) do {						\
 	if (!(cond)) {							\
 		fprintf(stderr, "%s:%d: CHECK failed: %s\n",		\
@@ -23,12 +27,18 @@ static void test_sizes(void)
 	CHECK(sizeof(struct tc_disk_sb) == 512);
 	CHECK(sizeof(struct tc_disk_entry) == 32);
 	CHECK(TC_ENTRIES_PER_MBLOCK == 128);
-	/* version 2 took the first reserved words: nothing else moved */
+	/* versions 2 and 3 took the first reserved words: nothing else moved */
 	CHECK(offsetof(struct tc_disk_sb, uuid) == 64);
 	CHECK(offsetof(struct tc_disk_sb, gen) == 192);
-	CHECK(offsetof(struct tc_disk_sb, reserved) == 196);
+	CHECK(offsetof(struct tc_disk_sb, pad) == 196);
+	CHECK(offsetof(struct tc_disk_sb, epoch) == 200);
+	CHECK(offsetof(struct tc_disk_sb, reserved) == 208);
+	CHECK(offsetof(struct tc_disk_entry, flags) == 20);
 	CHECK(offsetof(struct tc_disk_entry, csum) == 24);
 	CHECK(offsetof(struct tc_disk_entry, gen) == 28);
+	CHECK(TC_DISK_VERSION == 3 && V2 == 2 && V1 == 1);
+	CHECK(TC_DE_EPOCH_MASK == 0xffffu << TC_DE_EPOCH_SHIFT);
+	CHECK(!(TC_DE_EPOCH_MASK & (TC_DE_VALID | TC_DE_DIRTY)));
 }
 
 static void test_crc(void)
@@ -76,6 +86,7 @@ static void sample_sb(struct tc_sb_info *i)
 	i->commit_seq = 42;
 	i->origin_sectors = 1 << 21;
 	i->gen = 0xc0ffee01;
+	i->epoch = 0x123456789ull;
 	strcpy(i->uuid, "TIERCACHE-test");
 }
 
@@ -100,8 +111,10 @@ static void test_sb(void)
 	sample_sb(&in);
 	tc_sb_encode(&sb, &in);
 	CHECK(tc_sb_decode(&sb, &out) == TC_SB_OK);
-	CHECK(le32_to_cpu(sb.version) == TC_DISK_VERSION && TC_DISK_VERSION == 2);
+	CHECK(le32_to_cpu(sb.version) == TC_DISK_VERSION && TC_DISK_VERSION == 3);
 	CHECK(out.version == TC_DISK_VERSION && out.gen == 0xc0ffee01);
+	CHECK(out.epoch == 0x123456789ull);
+	CHECK(le64_to_cpu(sb.epoch) == 0x123456789ull && !sb.pad);
 	CHECK(out.commit_seq == 42 && out.origin_sectors == 1 << 21);
 	CHECK(out.layout.nr_slots == in.layout.nr_slots);
 	CHECK(out.layout.data_start == in.layout.data_start);
@@ -139,11 +152,28 @@ static void test_sb(void)
 	sb_resum(&sb);
 	CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_FIELDS);
 
-	/* the rest of the reserved area must stay zero */
+	/* the rest of the reserved area must stay zero, and the pad */
 	tc_sb_encode(&sb, &in);
 	sb.reserved[0] = 1;
 	sb_resum(&sb);
 	CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_FIELDS);
+	tc_sb_encode(&sb, &in);
+	sb.reserved[sizeof(sb.reserved) - 1] = 0x80;
+	sb_resum(&sb);
+	CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_FIELDS);
+	tc_sb_encode(&sb, &in);
+	sb.pad = cpu_to_le32(1);
+	sb_resum(&sb);
+	CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_FIELDS);
+
+	/* any epoch, 0 and the largest included */
+	in.epoch = 0;
+	tc_sb_encode(&sb, &in);
+	CHECK(tc_sb_decode(&sb, &out) == TC_SB_OK && out.epoch == 0);
+	in.epoch = ~0ull;
+	tc_sb_encode(&sb, &in);
+	CHECK(tc_sb_decode(&sb, &out) == TC_SB_OK && out.epoch == ~0ull);
+	in.epoch = 7;
 
 	/* flags: the defined one round-trips, any other bit is refused */
 	tc_sb_encode(&sb, &in);
@@ -178,24 +208,73 @@ static void test_sb_v1(void)
 
 	sample_sb(&in);
 	in.gen = 0;
+	in.epoch = 0;
 	tc_sb_encode(&sb, &in);
 	sb.version = cpu_to_le32(TC_DISK_VERSION_V1);
 	sb_resum(&sb);
 	CHECK(tc_sb_decode(&sb, &out) == TC_SB_OK);
 	CHECK(out.version == 1 && out.gen == 0 && out.commit_seq == 42);
+	CHECK(out.epoch == 0);
 	CHECK(out.layout.nr_slots == in.layout.nr_slots);
 
-	/* re-encoded: version 2, generation 0, the same fields */
+	/* re-encoded: version 3, generation 0, epoch 0, the same fields */
 	tc_sb_encode(&sb, &out);
-	CHECK(le32_to_cpu(sb.version) == 2);
+	CHECK(le32_to_cpu(sb.version) == 3);
 	CHECK(tc_sb_decode(&sb, &in) == TC_SB_OK);
-	CHECK(in.version == 2 && in.gen == 0 && in.commit_seq == 42);
+	CHECK(in.version == 3 && in.gen == 0 && in.commit_seq == 42);
+	CHECK(in.epoch == 0);
 
 	tc_sb_encode(&sb, &out);
 	sb.version = cpu_to_le32(TC_DISK_VERSION_V1);
 	sb.gen = cpu_to_le32(5);
 	sb_resum(&sb);
 	CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_FIELDS);
+
+	/* the epoch word was reserved in version 1 too */
+	in.gen = 0;
+	in.epoch = 1;
+	tc_sb_encode(&sb, &in);
+	sb.version = cpu_to_le32(TC_DISK_VERSION_V1);
+	sb_resum(&sb);
+	CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_FIELDS);
+}
+
+/*
+ * A version 2 superblock (what the version 2 code wrote: the epoch words
+ * reserved, zero) decodes with its generation and epoch 0, and is written
+ * back as version 3 with the same fields; an epoch in it is a bad field.
+ */
+static void test_sb_v2(void)
+{
+	struct tc_sb_info in, out;
+	struct tc_disk_sb sb;
+	int k;
+
+	sample_sb(&in);
+	in.epoch = 0;
+	tc_sb_encode(&sb, &in);
+	sb.version = cpu_to_le32(V2);
+	sb_resum(&sb);
+	CHECK(tc_sb_decode(&sb, &out) == TC_SB_OK);
+	CHECK(out.version == 2 && out.gen == 0xc0ffee01 && out.epoch == 0);
+	CHECK(out.commit_seq == 42 && !strcmp(out.uuid, "TIERCACHE-test"));
+	tc_sb_encode(&sb, &out);
+	CHECK(le32_to_cpu(sb.version) == 3);
+	CHECK(tc_sb_decode(&sb, &in) == TC_SB_OK);
+	CHECK(in.version == 3 && in.gen == 0xc0ffee01 && in.epoch == 0);
+
+	/* any bit of the epoch word set in version 2: a bad field */
+	for (k = 0; k < 64; k++) {
+		in.epoch = 1ull << k;
+		tc_sb_encode(&sb, &in);
+		sb.version = cpu_to_le32(V2);
+		sb_resum(&sb);
+		CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_FIELDS);
+		/* the same in version 3 */
+		tc_sb_encode(&sb, &in);
+		CHECK(tc_sb_decode(&sb, &out) == TC_SB_OK &&
+		      out.epoch == 1ull << k);
+	}
 }
 
 static void test_entries(void)
@@ -207,20 +286,20 @@ static void test_entries(void)
 	size_t k;
 
 	tc_de_encode_empty(&d);
-	CHECK(tc_de_decode(&d, 5, 100, 10, g, &i) == TC_DE_EMPTY);
-	CHECK(tc_de_decode(&d, 5, 100, 10, 0, &i) == TC_DE_EMPTY);
+	CHECK(tc_de_decode(&d, 5, 100, 10, g, V3, &i) == TC_DE_EMPTY);
+	CHECK(tc_de_decode(&d, 5, 100, 10, 0, V3, &i) == TC_DE_EMPTY);
 	CHECK(tc_de_free(TC_DE_EMPTY) && tc_de_free(TC_DE_FOREIGN));
 	CHECK(!tc_de_free(TC_DE_CLEAN) && !tc_de_free(TC_DE_BAD_CSUM));
 
-	tc_de_encode(&d, 5, 77, true, 10, g);
+	tc_de_encode(&d, 5, 77, true, 10, g, 0);
 	CHECK(le32_to_cpu(d.gen) == g);
-	CHECK(tc_de_decode(&d, 5, 100, 10, g, &i) == TC_DE_DIRTY_OK);
+	CHECK(tc_de_decode(&d, 5, 100, 10, g, V3, &i) == TC_DE_DIRTY_OK);
 	CHECK(i.block == 77 && i.seq == 10 && i.dirty);
-	CHECK(tc_de_decode(&d, 5, 77, 10, g, &i) == TC_DE_BAD_BLOCK);
-	CHECK(tc_de_decode(&d, 5, 100, 9, g, &i) == TC_DE_UNCOMMITTED);
+	CHECK(tc_de_decode(&d, 5, 77, 10, g, V3, &i) == TC_DE_BAD_BLOCK);
+	CHECK(tc_de_decode(&d, 5, 100, 9, g, V3, &i) == TC_DE_UNCOMMITTED);
 
-	tc_de_encode(&d, 5, 77, false, 3, g);
-	CHECK(tc_de_decode(&d, 5, 100, 10, g, &i) == TC_DE_CLEAN);
+	tc_de_encode(&d, 5, 77, false, 3, g, 0);
+	CHECK(tc_de_decode(&d, 5, 100, 10, g, V3, &i) == TC_DE_CLEAN);
 	CHECK(!i.dirty);
 
 	/*
@@ -229,20 +308,163 @@ static void test_entries(void)
 	 * but passes its checksum with the word put back.
 	 */
 	for (k = 0; k < sizeof(d) * 8; k++) {
-		tc_de_encode(&d, 5, 77, true, 10, g);
+		tc_de_encode(&d, 5, 77, true, 10, g, 0);
 		raw[k / 8] ^= 1u << (k % 8);
-		CHECK(tc_de_decode(&d, 5, 100, 10, g, &i) == TC_DE_BAD_CSUM);
+		CHECK(tc_de_decode(&d, 5, 100, 10, g, V3, &i) == TC_DE_BAD_CSUM);
 	}
 
 	/* dirty without valid, unknown bits: checksummed but wrong */
-	tc_de_encode(&d, 5, 77, true, 10, g);
+	tc_de_encode(&d, 5, 77, true, 10, g, 0);
 	d.flags = cpu_to_le32(TC_DE_DIRTY);
 	de_resum(&d);
-	CHECK(tc_de_decode(&d, 5, 100, 10, g, &i) == TC_DE_BAD_FLAGS);
-	tc_de_encode(&d, 5, 77, true, 10, g);
+	CHECK(tc_de_decode(&d, 5, 100, 10, g, V3, &i) == TC_DE_BAD_FLAGS);
+	tc_de_encode(&d, 5, 77, true, 10, g, 0);
 	d.flags = cpu_to_le32(TC_DE_VALID | 8);
 	de_resum(&d);
-	CHECK(tc_de_decode(&d, 5, 100, 10, g, &i) == TC_DE_BAD_FLAGS);
+	CHECK(tc_de_decode(&d, 5, 100, 10, g, V3, &i) == TC_DE_BAD_FLAGS);
+}
+
+/*
+ * Version 3: a dirty entry carries the low 16 bits of its epoch in bits
+ * 16..31 of its flags, every value round-trips, and the encoder writes
+ * nothing else there; a clean entry carries none, whatever epoch it is
+ * given.  Without epoch bits, an entry is what versions 1 and 2 wrote.
+ */
+static void test_epochs(void)
+{
+	const u32 g = 0x1234abcd;
+	struct tc_disk_entry d, e;
+	struct tc_de_info i;
+	u32 k;
+
+	for (k = 0; k <= 0xffff; k++) {
+		tc_de_encode(&d, 9, 1234, true, 10, g, (u16)k);
+		CHECK(le32_to_cpu(d.flags) ==
+		      (TC_DE_VALID | TC_DE_DIRTY | k << TC_DE_EPOCH_SHIFT));
+		memset(&i, 0xa5, sizeof(i));
+		CHECK(tc_de_decode(&d, 9, 2000, 10, g, V3, &i) ==
+		      TC_DE_DIRTY_OK);
+		CHECK(i.block == 1234 && i.seq == 10 && i.dirty && i.epoch == k);
+		CHECK(tc_de_decode(&d, 9, 2000, 9, g, V3, &i) ==
+		      TC_DE_UNCOMMITTED && i.epoch == k);
+		CHECK(tc_de_decode(&d, 9, 1234, 10, g, V3, &i) ==
+		      TC_DE_BAD_BLOCK && i.epoch == k);
+		/* clean: no epoch bits, whatever it is given */
+		tc_de_encode(&e, 9, 1234, false, 10, g, (u16)k);
+		CHECK(le32_to_cpu(e.flags) == TC_DE_VALID);
+		memset(&i, 0xa5, sizeof(i));
+		CHECK(tc_de_decode(&e, 9, 2000, 10, g, V3, &i) == TC_DE_CLEAN);
+		CHECK(!i.dirty && i.epoch == 0);
+	}
+	/* epoch 0: byte for byte what version 2 wrote, read in any version */
+	tc_de_encode(&d, 9, 1234, true, 10, g, 0);
+	CHECK(le32_to_cpu(d.flags) == (TC_DE_VALID | TC_DE_DIRTY));
+	CHECK(tc_de_decode(&d, 9, 2000, 10, g, V2, &i) == TC_DE_DIRTY_OK &&
+	      i.epoch == 0);
+	CHECK(tc_de_decode(&d, 9, 2000, 10, g, V3, &i) == TC_DE_DIRTY_OK &&
+	      i.epoch == 0);
+	/* every flipped epoch bit is noticed */
+	for (k = TC_DE_EPOCH_SHIFT; k < 32; k++) {
+		tc_de_encode(&d, 9, 1234, true, 10, g, 0x5a5a);
+		d.flags ^= cpu_to_le32(1u << k);
+		CHECK(tc_de_decode(&d, 9, 2000, 10, g, V3, &i) ==
+		      TC_DE_BAD_CSUM);
+	}
+}
+
+/*
+ * Epoch bits where there can be none, with a valid checksum: in a clean
+ * entry (any version), in a dirty entry of version 1 or 2: invalid flags.
+ */
+static void test_epochs_refused(void)
+{
+	const u32 g = 0x1234abcd;
+	struct tc_disk_entry d;
+	struct tc_de_info i;
+	u32 k, bit;
+
+	for (k = 0; k < 16; k++) {
+		bit = 1u << (TC_DE_EPOCH_SHIFT + k);
+		/* clean */
+		tc_de_encode(&d, 9, 1234, false, 10, g, 0);
+		d.flags |= cpu_to_le32(bit);
+		de_resum(&d);
+		CHECK(tc_de_decode(&d, 9, 2000, 10, g, V3, &i) ==
+		      TC_DE_BAD_FLAGS);
+		CHECK(tc_de_decode(&d, 9, 2000, 10, g, V2, &i) ==
+		      TC_DE_BAD_FLAGS);
+		/* ... uncommitted too */
+		CHECK(tc_de_decode(&d, 9, 2000, 9, g, V3, &i) ==
+		      TC_DE_BAD_FLAGS);
+		/* dirty, version 2 and version 1 (generation 0) */
+		tc_de_encode(&d, 9, 1234, true, 10, g, (u16)(1u << k));
+		CHECK(tc_de_decode(&d, 9, 2000, 10, g, V3, &i) ==
+		      TC_DE_DIRTY_OK);
+		CHECK(tc_de_decode(&d, 9, 2000, 10, g, V2, &i) ==
+		      TC_DE_BAD_FLAGS);
+		CHECK(tc_de_decode(&d, 9, 2000, 9, g, V2, &i) ==
+		      TC_DE_BAD_FLAGS);
+		tc_de_encode(&d, 9, 1234, true, 10, 0, (u16)(1u << k));
+		CHECK(tc_de_decode(&d, 9, 2000, 10, 0, V1, &i) ==
+		      TC_DE_BAD_FLAGS);
+		CHECK(tc_de_decode(&d, 9, 2000, 10, 0, V3, &i) ==
+		      TC_DE_DIRTY_OK);
+		/* dirty without valid stays invalid with an epoch */
+		d.flags = cpu_to_le32(TC_DE_DIRTY | bit);
+		de_resum(&d);
+		CHECK(tc_de_decode(&d, 9, 2000, 10, 0, V3, &i) ==
+		      TC_DE_BAD_FLAGS);
+	}
+	/* the other unknown flag bits stay invalid in version 3 */
+	for (k = 2; k < TC_DE_EPOCH_SHIFT; k++) {
+		tc_de_encode(&d, 9, 1234, true, 10, g, 3);
+		d.flags |= cpu_to_le32(1u << k);
+		de_resum(&d);
+		CHECK(tc_de_decode(&d, 9, 2000, 10, g, V3, &i) ==
+		      TC_DE_BAD_FLAGS);
+	}
+}
+
+/*
+ * tc_disk_epoch: an entry's absolute epoch is the first from the
+ * superblock's epoch on with its low 16 bits, across the 16-bit wrap and
+ * the 64-bit one.
+ */
+static void test_disk_epoch(void)
+{
+	static const u64 bases[] = {
+		0, 1, 0xfffe, 0xffff, 0x10000, 0x1fff0, 0x123456789abcull,
+		~0ull - 0x20000, ~0ull - 0xffff, ~0ull - 1, ~0ull,
+	};
+	const size_t nr_bases = sizeof(bases) / sizeof(*bases);
+	size_t b;
+	u32 k;
+
+	CHECK(tc_disk_epoch(0, 0) == 0);
+	CHECK(tc_disk_epoch(0, 5) == 5);
+	CHECK(tc_disk_epoch(0, 0xffff) == 0xffff);
+	CHECK(tc_disk_epoch(0xfffe, 0xffff) == 0xffff);
+	CHECK(tc_disk_epoch(0xfffe, 0) == 0x10000);
+	CHECK(tc_disk_epoch(0xfffe, 1) == 0x10001);
+	CHECK(tc_disk_epoch(0xfffe, 0xfffd) == 0x1fffd);
+	CHECK(tc_disk_epoch(0x10000, 0) == 0x10000);
+	CHECK(tc_disk_epoch(0x10001, 0) == 0x20000);
+	CHECK(tc_disk_epoch(0x3fff5, 0xfff7) == 0x3fff7);
+	CHECK(tc_disk_epoch(0x3fff5, 0x0003) == 0x40003);
+	CHECK(tc_disk_epoch(~0ull, 0xffff) == ~0ull);
+	CHECK(tc_disk_epoch(~0ull, 0) == 0);	/* wraps as u64 does */
+	for (b = 0; b < nr_bases; b++) {
+		for (k = 0; k <= 0xffff; k++) {
+			u64 e = tc_disk_epoch(bases[b], (u16)k);
+
+			/* from the superblock's epoch on, with those bits */
+			CHECK((u16)e == k);
+			CHECK(e - bases[b] <= 0xffff);
+			/* an epoch the entry was written in comes back */
+			CHECK(tc_disk_epoch(bases[b], (u16)(bases[b] + k)) ==
+			      bases[b] + k);
+		}
+	}
 }
 
 /*
@@ -258,31 +480,31 @@ static void test_foreign(void)
 	struct tc_de_info i;
 
 	/* the previous generation's committed dirty entry */
-	tc_de_encode(&d, 5, 77, true, 10, g - 1);
-	CHECK(tc_de_decode(&d, 5, 100, 10, g - 1, &i) == TC_DE_DIRTY_OK);
-	CHECK(tc_de_decode(&d, 5, 100, 10, g, &i) == TC_DE_FOREIGN);
+	tc_de_encode(&d, 5, 77, true, 10, g - 1, 0);
+	CHECK(tc_de_decode(&d, 5, 100, 10, g - 1, V3, &i) == TC_DE_DIRTY_OK);
+	CHECK(tc_de_decode(&d, 5, 100, 10, g, V3, &i) == TC_DE_FOREIGN);
 	/* version 1 (generation 0) zeroed its area: nothing there is foreign */
-	CHECK(tc_de_decode(&d, 5, 100, 10, 0, &i) == TC_DE_BAD_FLAGS);
-	CHECK(tc_de_decode(&d, 6, 100, 10, 0, &i) == TC_DE_BAD_SLOT);
+	CHECK(tc_de_decode(&d, 5, 100, 10, 0, V1, &i) == TC_DE_BAD_FLAGS);
+	CHECK(tc_de_decode(&d, 6, 100, 10, 0, V1, &i) == TC_DE_BAD_SLOT);
 	/* ... in another slot's place too */
-	CHECK(tc_de_decode(&d, 6, 100, 10, g, &i) == TC_DE_FOREIGN);
+	CHECK(tc_de_decode(&d, 6, 100, 10, g, V3, &i) == TC_DE_FOREIGN);
 	/* of this generation, but another slot's (misplaced) */
-	tc_de_encode(&d, 5, 77, true, 10, g);
-	CHECK(tc_de_decode(&d, 6, 100, 10, g, &i) == TC_DE_BAD_SLOT);
-	CHECK(tc_de_decode(&d, 5 + 128, 100, 10, g, &i) == TC_DE_BAD_SLOT);
-	CHECK(tc_de_decode(&d, 5, 100, 10, g + 1, &i) == TC_DE_FOREIGN);
+	tc_de_encode(&d, 5, 77, true, 10, g, 0);
+	CHECK(tc_de_decode(&d, 6, 100, 10, g, V3, &i) == TC_DE_BAD_SLOT);
+	CHECK(tc_de_decode(&d, 5 + 128, 100, 10, g, V3, &i) == TC_DE_BAD_SLOT);
+	CHECK(tc_de_decode(&d, 5, 100, 10, g + 1, V3, &i) == TC_DE_FOREIGN);
 	CHECK(!tc_de_free(TC_DE_BAD_SLOT));
-	CHECK(tc_de_decode(&d, 5 + (1ull << 32), 100, 10, g, &i) ==
+	CHECK(tc_de_decode(&d, 5 + (1ull << 32), 100, 10, g, V3, &i) ==
 	      TC_DE_DIRTY_OK);	/* slot numbers are 32-bit on disk */
 	/* foreign before anything else: a bad checksum or flags too */
-	tc_de_encode(&d, 5, 77, true, 10, g - 1);
+	tc_de_encode(&d, 5, 77, true, 10, g - 1, 0);
 	d.csum ^= cpu_to_le32(1);
 	d.flags = cpu_to_le32(0xff);
-	CHECK(tc_de_decode(&d, 5, 1, 10, g, &i) == TC_DE_FOREIGN);
+	CHECK(tc_de_decode(&d, 5, 1, 10, g, V3, &i) == TC_DE_FOREIGN);
 	/* rewritten for this generation */
-	tc_de_encode(&d, 5, 77, true, 10, g);
-	CHECK(tc_de_decode(&d, 5, 100, 10, g, &i) == TC_DE_DIRTY_OK);
-	CHECK(tc_de_decode(&d, 5, 100, 10, g - 1, &i) == TC_DE_FOREIGN);
+	tc_de_encode(&d, 5, 77, true, 10, g, 0);
+	CHECK(tc_de_decode(&d, 5, 100, 10, g, V3, &i) == TC_DE_DIRTY_OK);
+	CHECK(tc_de_decode(&d, 5, 100, 10, g - 1, V3, &i) == TC_DE_FOREIGN);
 }
 
 /*
@@ -300,23 +522,24 @@ static void test_v1_entries(void)
 	v1.slot = cpu_to_le32(5);
 	v1.flags = cpu_to_le32(TC_DE_VALID | TC_DE_DIRTY);
 	de_resum(&v1);
-	tc_de_encode(&d, 5, 77, true, 10, 0);
+	tc_de_encode(&d, 5, 77, true, 10, 0, 0);
 	CHECK(!memcmp(&d, &v1, sizeof(d)));
-	CHECK(tc_de_decode(&v1, 5, 100, 10, 0, &i) == TC_DE_DIRTY_OK);
-	CHECK(i.block == 77 && i.seq == 10 && i.dirty);
-	CHECK(tc_de_decode(&v1, 5, 100, 10, 1, &i) == TC_DE_FOREIGN);
+	CHECK(tc_de_decode(&v1, 5, 100, 10, 0, V1, &i) == TC_DE_DIRTY_OK);
+	CHECK(i.block == 77 && i.seq == 10 && i.dirty && !i.epoch);
+	CHECK(tc_de_decode(&v1, 5, 100, 10, 1, V1, &i) == TC_DE_FOREIGN);
 	/* misplaced, as version 1 said */
-	CHECK(tc_de_decode(&v1, 6, 100, 10, 0, &i) == TC_DE_BAD_SLOT);
+	CHECK(tc_de_decode(&v1, 6, 100, 10, 0, V1, &i) == TC_DE_BAD_SLOT);
 	/* a corrupt version 1 entry still fails the load */
 	v1.block ^= cpu_to_le64(4);
-	CHECK(tc_de_decode(&v1, 5, 100, 10, 0, &i) == TC_DE_BAD_CSUM);
+	CHECK(tc_de_decode(&v1, 5, 100, 10, 0, V1, &i) == TC_DE_BAD_CSUM);
 }
 
 static void random_entry(struct tc_disk_entry *d, u64 *slot, u32 *gen)
 {
 	*slot = (u32)rnd64();
 	*gen = (u32)rnd64();
-	tc_de_encode(d, *slot, rnd64() >> 1, rnd64() & 1, rnd64() >> 1, *gen);
+	tc_de_encode(d, *slot, rnd64() >> 1, rnd64() & 1, rnd64() >> 1, *gen,
+		     (u16)rnd64());
 }
 
 /*
@@ -339,20 +562,20 @@ static void test_damaged_ids(void)
 		x = (u32)rnd64() | 1;	/* not zero */
 		e = d;
 		e.gen ^= cpu_to_le32(x);
-		CHECK(tc_de_decode(&e, s, ~0ull, ~0ull, g, &i) ==
+		CHECK(tc_de_decode(&e, s, ~0ull, ~0ull, g, V3, &i) ==
 		      TC_DE_BAD_CSUM);
 		e = d;
 		e.slot ^= cpu_to_le32(x);
-		CHECK(tc_de_decode(&e, s, ~0ull, ~0ull, g, &i) ==
+		CHECK(tc_de_decode(&e, s, ~0ull, ~0ull, g, V3, &i) ==
 		      TC_DE_BAD_CSUM);
 		e.gen ^= cpu_to_le32((u32)rnd64() | 1);
-		nr[tc_de_decode(&e, s, ~0ull, ~0ull, g, &i)]++;
+		nr[tc_de_decode(&e, s, ~0ull, ~0ull, g, V3, &i)]++;
 		/* another generation's, under this one: in place or not */
-		CHECK(tc_de_decode(&d, s, ~0ull, ~0ull, g ^ x, &i) ==
+		CHECK(tc_de_decode(&d, s, ~0ull, ~0ull, g ^ x, V3, &i) ==
 		      TC_DE_FOREIGN);
-		CHECK(tc_de_decode(&d, s, ~0ull, ~0ull, g + 1, &i) ==
+		CHECK(tc_de_decode(&d, s, ~0ull, ~0ull, g + 1, V3, &i) ==
 		      TC_DE_FOREIGN);
-		CHECK(tc_de_decode(&d, (u32)(s + x), ~0ull, ~0ull, g ^ x, &i) ==
+		CHECK(tc_de_decode(&d, (u32)(s + x), ~0ull, ~0ull, g ^ x, V3, &i) ==
 		      TC_DE_FOREIGN);
 	}
 	CHECK(nr[TC_DE_FOREIGN] == 200000);
@@ -374,21 +597,21 @@ static void test_misdirected(void)
 
 	for (k = 0; k < TC_ENTRIES_PER_MBLOCK; k++)
 		if (k % 3)
-			tc_de_encode(&blk[k], 128 + k, 1000 + k, k % 2, 5, g);
+			tc_de_encode(&blk[k], 128 + k, 1000 + k, k % 2, 5, g, 0);
 		else
 			tc_de_encode_empty(&blk[k]);
 	for (k = 0; k < TC_ENTRIES_PER_MBLOCK; k++) {
-		CHECK(tc_de_decode(&blk[k], 128 + k, ~0ull, 9, g, &i) ==
+		CHECK(tc_de_decode(&blk[k], 128 + k, ~0ull, 9, g, V3, &i) ==
 		      (k % 3 ? (k % 2 ? TC_DE_DIRTY_OK : TC_DE_CLEAN) :
 		       TC_DE_EMPTY));
-		CHECK(tc_de_decode(&blk[k], k, ~0ull, 9, g, &i) ==
+		CHECK(tc_de_decode(&blk[k], k, ~0ull, 9, g, V3, &i) ==
 		      (k % 3 ? TC_DE_BAD_SLOT : TC_DE_EMPTY));
-		CHECK(tc_de_decode(&blk[k], k, ~0ull, 9, g + 1, &i) ==
+		CHECK(tc_de_decode(&blk[k], k, ~0ull, 9, g + 1, V3, &i) ==
 		      (k % 3 ? TC_DE_FOREIGN : TC_DE_EMPTY));
 		/* the block's second sector written over its first */
 		if (k >= per_sector && k < 2 * per_sector)
 			CHECK(tc_de_decode(&blk[k], 128 + k - per_sector,
-					   ~0ull, 9, g, &i) ==
+					   ~0ull, 9, g, V3, &i) ==
 			      (k % 3 ? TC_DE_BAD_SLOT : TC_DE_EMPTY));
 	}
 }
@@ -422,12 +645,12 @@ static void test_garbage(void)
 
 	for (s = 0; s < 1000000; s++) {
 		garbage(&d);
-		nr[tc_de_decode(&d, s, ~0ull, ~0ull, g, &i)]++;
+		nr[tc_de_decode(&d, s, ~0ull, ~0ull, g, V3, &i)]++;
 		d.slot = cpu_to_le32((u32)s);
-		nr[tc_de_decode(&d, s, ~0ull, ~0ull, g, &i)]++;
+		nr[tc_de_decode(&d, s, ~0ull, ~0ull, g, V3, &i)]++;
 		garbage(&d);
 		d.gen = cpu_to_le32(g);
-		nr[tc_de_decode(&d, s, ~0ull, ~0ull, g, &i)]++;
+		nr[tc_de_decode(&d, s, ~0ull, ~0ull, g, V3, &i)]++;
 	}
 	CHECK(nr[TC_DE_FOREIGN] == 3000000);
 
@@ -436,7 +659,7 @@ static void test_garbage(void)
 		garbage(&d);
 		d.slot = cpu_to_le32((u32)s);
 		d.gen = cpu_to_le32(g);
-		nr[tc_de_decode(&d, s, ~0ull, ~0ull, g, &i)]++;
+		nr[tc_de_decode(&d, s, ~0ull, ~0ull, g, V3, &i)]++;
 	}
 	CHECK(nr[TC_DE_BAD_CSUM] == 1000);
 }
@@ -448,7 +671,11 @@ int main(void)
 	test_layout();
 	test_sb();
 	test_sb_v1();
+	test_sb_v2();
 	test_entries();
+	test_epochs();
+	test_epochs_refused();
+	test_disk_epoch();
 	test_foreign();
 	test_v1_entries();
 	test_damaged_ids();

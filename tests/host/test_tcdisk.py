@@ -7,16 +7,24 @@ that the VM and crash tests use: run by `make -C tests/host check`.
    encoder, tests/host/mkseeds.c: valid ones, version 1, previous
    generation entries, a garbage entry area, spoiled fields, damaged
    gen and slot words, a misdirected metadata block, a superblock marked
-   failed, one with an unknown flag bit) and seeded mutations of them are
-   decoded by both decode_img (tc_disk.c) and tcdisk; every superblock
-   (flags included) and entry result must agree.  tcdisk's encoder must
-   write the C encoder's bytes.
+   failed, one with an unknown flag bit, version 2, versions of blocks in
+   several epochs across a wrap of the 16 epoch bits, the same under a
+   version 2 superblock, clean entries with epoch bits) and seeded
+   mutations of them (the epoch bits and the superblock's epoch among
+   them) are decoded by both decode_img (tc_disk.c) and tcdisk; every
+   superblock (flags and epoch included) and entry result (absolute
+   epoch included) must agree.  tcdisk's encoder must write the C
+   encoder's bytes.
 2. Synthetic images: version 1 reads as generation 0, a garbage entry
    area reads as empty (foreign), an entry of the previous generation
    reads as empty, a corrupt entry of this generation does not (its gen
    or slot word damaged included), nor one of this generation in another
    slot's place (misplaced: a misdirected write); a superblock marked
-   failed decodes, one with another flag bit does not.
+   failed decodes, one with another flag bit does not.  Epochs: a version
+   3 image with version chains, its epochs made absolute across the 16-bit
+   wrap; epoch bits refused in version 2 and in clean entries; the
+   superblock's epoch refused in versions 1 and 2; dirty_versions() and
+   its duplicates (one block twice in one epoch).
 
     test_tcdisk.py BUILD_DIR     (holds mkseeds and decode_img)
 """
@@ -45,16 +53,17 @@ def py_lines(img):
     if not sb.ok:
         return [f"sb {sb.state}"]
     out = [f"sb {sb.state} {sb.version} {sb.gen} {sb.commit_seq} {sb.nr_slots} {sb.nr_blocks} "
-           f"{sb.flags}"]
+           f"{sb.flags} {sb.epoch}"]
     base = tcdisk.META_START * 512
     have = max(0, (len(img) - base) // tcdisk.ENTRY_BYTES)
     for s, e in tcdisk.entries(img[base:], sb):
         if s >= have:
             break
         if e.block is None:
-            out.append(f"{s} {e.state} - - -")
+            out.append(f"{s} {e.state} - - - -")
         else:
-            out.append(f"{s} {e.state} {e.block} {e.seq} {int(e.dirty)}")
+            epoch = "-" if e.epoch is None else e.epoch
+            out.append(f"{s} {e.state} {e.block} {e.seq} {int(e.dirty)} {epoch}")
     return out
 
 
@@ -76,15 +85,16 @@ def compare(build, tmp, name, img):
 
 
 def mutations(img, rng, n):
-    """@n copies of @img with a few bytes changed: in the superblock, in the
-    entries' identity words, anywhere in the entry area; some with the
-    checksum recomputed, so that the checks after it run."""
+    """@n copies of @img with a few bytes changed: in the superblock (its
+    epoch words more often), in the entries' identity words, in their
+    epoch bits, anywhere in the entry area; some with the checksum
+    recomputed, so that the checks after it run."""
     base = tcdisk.META_START * 512
     for k in range(n):
         m = bytearray(img)
-        where = rng.randrange(4)
+        where = rng.randrange(5)
         if where == 0:
-            off = rng.randrange(512)
+            off = rng.randrange(512) if rng.randrange(3) else rng.randrange(196, 208)
             m[off] ^= 1 << rng.randrange(8)
             if rng.randrange(2) and off not in range(12, 16):
                 m[12:16] = tcdisk.crc32c(bytes(m[:12]) + bytes(4) + bytes(m[16:512])) \
@@ -94,10 +104,12 @@ def mutations(img, rng, n):
             e = base + slot * 32
             if where == 1:
                 off = e + rng.choice([16, 17, 28, 29, 30, 31])
+            elif where == 4:
+                off = e + rng.choice([22, 23])      # the epoch bits
             else:
                 off = e + rng.randrange(32)
             m[off] ^= 1 << rng.randrange(8)
-            if where == 3 and off - e not in range(24, 28):
+            if where in (3, 4) and off - e not in range(24, 28):
                 raw = bytes(m[e:e + 32])
                 m[e + 24:e + 28] = tcdisk.crc32c(raw[:24] + bytes(4) + raw[28:]) \
                     .to_bytes(4, "little")
@@ -112,7 +124,8 @@ def test_against_c(build):
         subprocess.run([str(build / "mkseeds"), str(seeds)], check=True)
         names = sorted(p.name for p in seeds.iterdir())
         check({"v1", "old-gen", "garbage", "mixed", "bad-entries", "damaged-ids",
-               "misdirected", "failed", "unknown-flag"} <= set(names), names)
+               "misdirected", "failed", "unknown-flag", "v2", "epochs", "epochs-v2",
+               "epoch-clean"} <= set(names), names)
         rng = random.Random(20240611)
         states = set()
         for name in names:
@@ -140,7 +153,7 @@ def test_against_c(build):
         # in both decoders (compared above); the mark is encoded alike
         failed = (seeds / "failed").read_bytes()
         c = compare(build, tmp, "failed", failed)
-        check(c[0].startswith("sb valid ") and c[0].endswith(f" {tcdisk.SB_FAILED}"),
+        check(c[0].startswith("sb valid ") and c[0].endswith(f" {tcdisk.SB_FAILED} 0"),
               f"failed seed: C says {c[0]!r}")
         check(c[1:] == compare(build, tmp, "mixed", img)[1:], "failed seed: entries differ")
         fsb = tcdisk.decode_sb(failed)
@@ -155,6 +168,34 @@ def test_against_c(build):
         sb1 = tcdisk.decode_sb(v1)
         check(tcdisk.encode_sb(sb1.nr_slots, 8, 7, 16384, 0, b"TIERCACHE-t",
                                version=1) == v1[:512], "a version 1 superblock differs")
+        v2 = (seeds / "v2").read_bytes()
+        check(tcdisk.encode_sb(sb.nr_slots, 8, 7, 16384, sb.gen, b"TIERCACHE-t",
+                               version=2) == v2[:512], "a version 2 superblock differs")
+
+        # epochs: the superblock's epoch, the entries' epoch bits, in both
+        # encoders; the absolute epochs in both decoders (compared above)
+        ep = (seeds / "epochs").read_bytes()
+        esb = tcdisk.decode_sb(ep)
+        check(esb.ok and esb.version == 3 and esb.epoch == 0x1FFFE, f"epochs seed: {esb}")
+        check(tcdisk.encode_sb(esb.nr_slots, 8, 7, 16384, esb.gen, b"TIERCACHE-e",
+                               epoch=0x1FFFE) == ep[:512],
+              "encode_sb with an epoch differs from tc_sb_encode")
+        for slot, block, dirty, seq, epoch in ((0, 11, True, 5, 0x1FFFE),
+                                               (3, 11, True, 7, 0x20001),
+                                               (5, 12, True, 7, 0x2FFFD),
+                                               (131, 15, False, 7, 0x20000)):
+            off = tcdisk.entry_offset(slot)
+            check(tcdisk.encode_entry(slot, block, dirty, seq, esb.gen, epoch)
+                  == ep[off:off + 32], f"encode_entry with epoch {epoch:#x} differs")
+        c = compare(build, tmp, "epochs", ep)
+        want = {"0": "131070", "1": "131071", "2": "131072", "3": "131073",
+                "4": "131071", "5": "196605", "130": "131073", "6": "-", "131": "-"}
+        got = {ln.split()[0]: ln.split()[-1] for ln in c[1:] if "empty" not in ln}
+        check(got == want, f"absolute epochs from C: {got}")
+        c = compare(build, tmp, "epochs-v2", (seeds / "epochs-v2").read_bytes())
+        check([ln.split()[1] for ln in c[1:] if "empty" not in ln] ==
+              ["bad_flags", "bad_flags", "dirty", "bad_flags", "bad_flags", "bad_flags",
+               "clean", "bad_flags", "clean"], f"epochs under version 2: {c}")
 
 
 def image(gen=0x600dcafe, version=tcdisk.VERSION, nr_slots=300, commit_seq=9,
@@ -187,13 +228,13 @@ def test_synthetic():
     sb, es = decode(image(gen=0, version=1, entries=[(3, 40, True, 5, 0), (4, 41, False, 9, 0),
                                                      (5, 42, True, 10, 0)]))
     check(sb.ok and sb.version == 1 and sb.gen == 0, f"v1 superblock: {sb}")
-    check(es[3] == tcdisk.Entry(tcdisk.DIRTY, 40, 5, True), f"v1 dirty entry: {es[3]}")
+    check(es[3] == tcdisk.Entry(tcdisk.DIRTY, 40, 5, True, 0), f"v1 dirty entry: {es[3]}")
     check(es[4].state == tcdisk.CLEAN and es[5].state == tcdisk.UNCOMMITTED, "v1 entries")
     check(counts(es)[tcdisk.EMPTY] == 297, "v1 empty slots")
     # version 1 with a generation word: a bad field; unknown versions
     check(tcdisk.decode_sb(tcdisk.encode_sb(300, 8, 9, 1 << 20, 5, version=1)).state
           == tcdisk.SB_BAD_FIELDS, "v1 with a generation")
-    for v in (0, 3):
+    for v in (0, 4):
         check(tcdisk.decode_sb(tcdisk.encode_sb(300, 8, 9, 1 << 20, g, version=v)).state
               == tcdisk.SB_BAD_VERSION, f"version {v}")
     check(tcdisk.decode_sb(bytes(512)).state == tcdisk.SB_BLANK, "blank")
@@ -269,6 +310,64 @@ def test_synthetic():
         check(st == tcdisk.FOREIGN, f"gen {old:#x} under {new:#x}: {st}")
     sb, es = decode(image(entries=[(4, (1 << 20) // 8, True, 5, g)]))
     check(es[4].state == tcdisk.BAD_BLOCK and es[4].dirty, f"block beyond: {es[4]}")
+    test_synthetic_epochs()
+
+
+def test_synthetic_epochs():
+    g = 0x600dcafe
+    # disk_epoch: the first epoch from the superblock's on with those bits
+    for sbe, e, want in ((0, 0, 0), (0, 0xFFFF, 0xFFFF), (0xFFFE, 0, 0x10000),
+                         (0xFFFE, 0xFFFD, 0x1FFFD), (0x10001, 0, 0x20000),
+                         ((1 << 64) - 1, 0, 0), ((1 << 64) - 1, 0xFFFF, (1 << 64) - 1)):
+        check(tcdisk.disk_epoch(sbe, e) == want, f"disk_epoch({sbe:#x}, {e:#x})")
+
+    # a version 3 image: the superblock's epoch, versions of one block
+    base = 0xFFFF0
+    sbraw = tcdisk.encode_sb(300, 8, 9, 1 << 20, g, epoch=base)
+    sb = tcdisk.decode_sb(sbraw)
+    check(sb.ok and sb.version == 3 and sb.epoch == base, f"v3 superblock: {sb}")
+    area = bytearray(tcdisk.meta_blocks(300) * 4096)
+    vers = [(1, 50, base), (2, 50, base + 0x10), (3, 50, base + 0x12), (4, 51, base + 0x10),
+            (5, 52, base + 0xFFFF), (6, 52, base + 0x12), (7, 50, base + 0x12)]
+    for slot, block, epoch in vers:
+        area[slot * 32:slot * 32 + 32] = tcdisk.encode_entry(slot, block, True, 5, g, epoch)
+    area[8 * 32:9 * 32] = tcdisk.encode_entry(8, 50, False, 5, g, base + 3)
+    es = dict(tcdisk.entries(bytes(area), sb))
+    check([es[s].epoch for s, _, _ in vers] == [e for _, _, e in vers],
+          f"absolute epochs: {[es[s].epoch for s, _, _ in vers]}")
+    check(es[8] == tcdisk.Entry(tcdisk.CLEAN, 50, 5, False, None), f"clean: {es[8]}")
+    chains, dups = tcdisk.dirty_versions(es.items())
+    check(chains[50] == [(base, 1), (base + 0x10, 2), (base + 0x12, 3), (base + 0x12, 7)],
+          f"chain of block 50: {chains[50]}")
+    check(chains[52] == [(base + 0x12, 6), (base + 0xFFFF, 5)], f"chain of 52: {chains[52]}")
+    check(dups == [(50, base + 0x12, [3, 7])], f"duplicates: {dups}")
+    # under a version 2 superblock: epoch bits are invalid flags
+    sb2 = tcdisk.decode_sb(tcdisk.encode_sb(300, 8, 9, 1 << 20, g, version=2))
+    check(sb2.ok and sb2.epoch == 0, f"v2 superblock: {sb2}")
+    es2 = dict(tcdisk.entries(bytes(area), sb2))
+    check(es2[1].state == tcdisk.BAD_FLAGS and es2[8].state == tcdisk.CLEAN,
+          f"v2: {es2[1]}, {es2[8]}")
+    raw = tcdisk.encode_entry(1, 50, True, 5, g, 0)
+    check(tcdisk.decode_entry(raw, 1, g, 100, 9, 2) == tcdisk.Entry(tcdisk.DIRTY, 50, 5, True, 0),
+          "a v2 entry")
+    chains, dups = tcdisk.dirty_versions([(1, tcdisk.decode_entry(raw, 1, g, 100, 9, 2)),
+                                          (2, tcdisk.decode_entry(
+                                              tcdisk.encode_entry(2, 50, True, 5, g), 2, g,
+                                              100, 9, 2))])
+    check(dups == [(50, 0, [1, 2])], f"v2 duplicate: {dups}")
+    # a clean entry with epoch bits (checksum fixed): invalid flags
+    raw = bytearray(tcdisk.encode_entry(1, 50, False, 5, g))
+    raw[22] = 1
+    raw[24:28] = tcdisk.crc32c(bytes(raw[:24]) + bytes(4) + bytes(raw[28:])).to_bytes(4, "little")
+    check(tcdisk.decode_entry(raw, 1, g, 100, 9).state == tcdisk.BAD_FLAGS, "clean with epoch")
+    # the superblock's epoch in version 1 or 2, and the pad: bad fields
+    for v, gen in ((2, g), (1, 0)):
+        check(tcdisk.decode_sb(tcdisk.encode_sb(300, 8, 9, 1 << 20, gen, version=v, epoch=1))
+              .state == tcdisk.SB_BAD_FIELDS, f"epoch in version {v}")
+    bad = bytearray(sbraw)
+    bad[196] = 1
+    bad[12:16] = tcdisk.crc32c(bytes(bad[:12]) + bytes(4) + bytes(bad[16:])).to_bytes(4, "little")
+    check(tcdisk.decode_sb(bytes(bad)).state == tcdisk.SB_BAD_FIELDS, "pad")
 
 
 def main():

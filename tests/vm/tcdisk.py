@@ -22,14 +22,24 @@ damaged in its gen or slot word alone (BAD_CSUM) or an entry of this
 generation for another slot (BAD_SLOT: a misdirected write).  Only our
 entries are checked further (checksum, flags, block, sequence).  Version 1
 (no generation: the words were reserved and zero) reads as generation 0.
+
+Format version 3: epochs.  A committed dirty entry carries the low 16 bits
+of its version's epoch in bits 16..31 of its flags (none in a clean entry,
+none at all in versions 1 and 2: invalid flags there); the superblock's
+epoch is a lower bound of them, and disk_epoch() (tc_disk_epoch) makes
+them absolute: Entry.epoch is the absolute epoch of a dirty version.  One
+origin block may be dirty in several slots, one version per epoch (the
+newest is the block's data); two dirty entries of one block with the same
+epoch are corruption (dirty_versions()).  Versions 1 and 2 read as epoch 0.
 """
 
 import struct
 from collections import namedtuple
 
 MAGIC = b"TIERCACH"
-VERSION = 2                 # what the module writes
-VERSION_V1 = 1              # still read, as generation 0
+VERSION = 3                 # what the module writes
+VERSION_V2 = 2              # still read: no epochs (epoch 0)
+VERSION_V1 = 1              # still read, as generation 0 (and epoch 0)
 SB_BYTES = 512
 META_START = 8              # sector of the first entry
 MBLOCK = 4096               # bytes of a metadata block
@@ -38,11 +48,12 @@ ENTRIES_PER_MBLOCK = MBLOCK // ENTRY_BYTES
 MAX_SLOTS = 0xFFFFFFFF
 
 # magic, version, csum, commit_seq, block_sectors, flags, nr_slots,
-# meta_start, data_start, origin_sectors, uuid, gen, reserved
-SB = struct.Struct("<8sIIQIIQQQQ128sI316s")
+# meta_start, data_start, origin_sectors, uuid, gen, pad, epoch, reserved
+SB = struct.Struct("<8sIIQIIQQQQ128sIIQ304s")
 ENTRY = struct.Struct("<QQIIII")        # block, seq, slot, flags, csum, gen
 SB_CSUM_OFF, ENTRY_CSUM_OFF = 12, 24
 DE_VALID, DE_DIRTY = 1, 2
+DE_EPOCH_SHIFT, DE_EPOCH_MASK = 16, 0xFFFF0000   # v3: a dirty version's epoch
 SB_FAILED = 1               # superblock flags (TC_SB_*)
 SB_KNOWN_FLAGS = SB_FAILED
 ZERO_ENTRY = bytes(ENTRY_BYTES)
@@ -104,7 +115,7 @@ def entry_offset(slot):
 
 class Superblock(namedtuple("Superblock", "state version commit_seq block_sectors flags "
                                           "nr_slots meta_start data_start origin_sectors "
-                                          "uuid gen")):
+                                          "uuid gen epoch")):
     """A decoded superblock.  The fields are what the sector holds even
     when it does not decode (state says whether it does)."""
 
@@ -128,12 +139,13 @@ class Superblock(namedtuple("Superblock", "state version commit_seq block_sector
         return meta_blocks(self.nr_slots) * MBLOCK
 
 
-def _sb_fields_ok(sb, reserved):
+def _sb_fields_ok(sb, pad, reserved):
     bs = sb.block_sectors
     return (not sb.flags & ~SB_KNOWN_FLAGS and 8 <= bs <= 2048 and not bs & (bs - 1)
             and 1 <= sb.nr_slots <= MAX_SLOTS and sb.meta_start == META_START
             and sb.origin_sectors and sb.data_start == data_start(sb.nr_slots, bs)
-            and not any(reserved)
+            and not any(reserved) and not pad
+            and (sb.version > VERSION_V2 or not sb.epoch)
             and (sb.version != VERSION_V1 or not sb.gen))
 
 
@@ -141,25 +153,33 @@ def decode_sb(raw):
     """Decode the first sector of a cache device (tc_sb_decode)."""
     raw = bytes(raw[:SB_BYTES]).ljust(SB_BYTES, b"\0")
     (magic, version, csum, commit_seq, block_sectors, flags, nr_slots, meta_start,
-     dstart, origin_sectors, uuid, gen, reserved) = SB.unpack(raw)
+     dstart, origin_sectors, uuid, gen, pad, epoch, reserved) = SB.unpack(raw)
     sb = Superblock(None, version, commit_seq, block_sectors, flags, nr_slots,
                     meta_start, dstart, origin_sectors,
-                    uuid.split(b"\0", 1)[0].decode(errors="replace"), gen)
+                    uuid.split(b"\0", 1)[0].decode(errors="replace"), gen, epoch)
     if magic != MAGIC:
         state = SB_BLANK
     elif _csum(raw, SB_CSUM_OFF) != csum:
         state = SB_BAD_CSUM
-    elif version not in (VERSION, VERSION_V1):
+    elif version not in (VERSION, VERSION_V2, VERSION_V1):
         state = SB_BAD_VERSION
-    elif not _sb_fields_ok(sb, reserved):
+    elif not _sb_fields_ok(sb, pad, reserved):
         state = SB_BAD_FIELDS
     else:
         state = SB_OK
     return sb._replace(state=state)
 
 
-# block, seq and dirty are None where the decoder did not get that far
-Entry = namedtuple("Entry", "state block seq dirty")
+def disk_epoch(sb_epoch, e):
+    """The absolute epoch of epoch bits @e under a superblock of epoch
+    @sb_epoch (tc_disk_epoch): the first from @sb_epoch on with those low
+    16 bits (entries are never older than the superblock's epoch)."""
+    return (sb_epoch + ((e - sb_epoch) & 0xFFFF)) & 0xFFFFFFFFFFFFFFFF
+
+
+# block, seq and dirty are None where the decoder did not get that far;
+# epoch is the absolute epoch of a dirty version (None if not dirty)
+Entry = namedtuple("Entry", "state block seq dirty epoch", defaults=(None,))
 
 
 def _decode_other(raw, slot, gen):
@@ -178,9 +198,10 @@ def _decode_other(raw, slot, gen):
     return FOREIGN
 
 
-def decode_entry(raw, slot, gen, nr_blocks, commit_seq):
-    """Decode the entry of @slot under a superblock of generation @gen
-    (tc_de_decode)."""
+def decode_entry(raw, slot, gen, nr_blocks, commit_seq, version=VERSION, sb_epoch=0):
+    """Decode the entry of @slot under a superblock of generation @gen,
+    format version @version and epoch @sb_epoch (tc_de_decode; the epoch
+    made absolute with disk_epoch)."""
     raw = bytes(raw)
     if raw == ZERO_ENTRY:
         return Entry(EMPTY, None, None, None)
@@ -190,16 +211,20 @@ def decode_entry(raw, slot, gen, nr_blocks, commit_seq):
         return Entry(_decode_other(raw, slot, gen), None, None, None)
     if _csum(raw, ENTRY_CSUM_OFF) != csum:
         return Entry(BAD_CSUM, None, None, None)
+    ebits = flags >> DE_EPOCH_SHIFT
+    flags &= ~DE_EPOCH_MASK
     if not flags & DE_VALID or flags & ~(DE_VALID | DE_DIRTY):
         return Entry(BAD_FLAGS, None, None, None)
     dirty = bool(flags & DE_DIRTY)
+    if ebits and (not dirty or version <= VERSION_V2):
+        return Entry(BAD_FLAGS, None, None, None)
     if block >= nr_blocks:
         state = BAD_BLOCK
     elif seq > commit_seq:
         state = UNCOMMITTED
     else:
         state = DIRTY if dirty else CLEAN
-    return Entry(state, block, seq, dirty)
+    return Entry(state, block, seq, dirty, disk_epoch(sb_epoch, ebits) if dirty else None)
 
 
 def entries(area, sb, nr_blocks=None):
@@ -210,23 +235,46 @@ def entries(area, sb, nr_blocks=None):
         nr_blocks = sb.nr_blocks
     for s in range(sb.nr_slots):
         raw = area[s * ENTRY_BYTES:(s + 1) * ENTRY_BYTES]
-        yield s, decode_entry(raw, s, sb.gen, nr_blocks, sb.commit_seq)
+        yield s, decode_entry(raw, s, sb.gen, nr_blocks, sb.commit_seq, sb.version, sb.epoch)
+
+
+def dirty_versions(slot_entries):
+    """The committed dirty versions of each origin block, from (slot,
+    Entry) pairs (entries()): ({block: [(epoch, slot), ...] oldest first,
+    the last one the block's data}, [(block, epoch, [slots]), ...] the
+    duplicates: dirty entries of one block and one epoch, which the module
+    refuses, as it refuses two of one block in versions 1 and 2, where
+    every epoch is 0)."""
+    by = {}
+    for s, e in slot_entries:
+        if e.state == DIRTY:
+            by.setdefault(e.block, []).append((e.epoch, s))
+    dups = []
+    for b, vs in by.items():
+        vs.sort()
+        for ep in sorted({ep for ep, _ in vs}):
+            slots = [s for x, s in vs if x == ep]
+            if len(slots) > 1:
+                dups.append((b, ep, slots))
+    return by, sorted(dups)
 
 
 # ---------------------------------------------------------------- encoding (tests)
 
-def encode_entry(slot, block, dirty, seq, gen):
-    """An entry as tc_de_encode writes it."""
-    flags = DE_VALID | (DE_DIRTY if dirty else 0)
+def encode_entry(slot, block, dirty, seq, gen, epoch=0):
+    """An entry as tc_de_encode writes it (@epoch: of a dirty version, its
+    low 16 bits written; ignored for a clean entry)."""
+    flags = DE_VALID | (DE_DIRTY | (epoch & 0xFFFF) << DE_EPOCH_SHIFT if dirty else 0)
     raw = ENTRY.pack(block, seq, slot & 0xFFFFFFFF, flags, 0, gen)
     return raw[:ENTRY_CSUM_OFF] + struct.pack("<I", crc32c(raw)) + raw[ENTRY_CSUM_OFF + 4:]
 
 
 def encode_sb(nr_slots, block_sectors, commit_seq, origin_sectors, gen, uuid=b"",
-              version=VERSION, flags=0):
-    """A superblock as tc_sb_encode writes it (@version 1: as the version 1
-    code wrote it; @gen must then be 0)."""
+              version=VERSION, flags=0, epoch=0):
+    """A superblock as tc_sb_encode writes it (@version 1 or 2: as the code
+    of that version wrote it; @epoch must then be 0, and @gen 0 in version
+    1)."""
     raw = SB.pack(MAGIC, version, 0, commit_seq, block_sectors, flags, nr_slots, META_START,
                   data_start(nr_slots, block_sectors), origin_sectors,
-                  uuid.ljust(128, b"\0"), gen, bytes(316))
+                  uuid.ljust(128, b"\0"), gen, 0, epoch, bytes(304))
     return raw[:SB_CSUM_OFF] + struct.pack("<I", crc32c(raw)) + raw[SB_CSUM_OFF + 4:]

@@ -548,9 +548,10 @@ STATUS_FIELDS = ["mode", "block_size", "used_total", "dirty", "read_hits",
                  "flush_state", "wb_blocks", "wb_requests", "wb_sectors",
                  "avg_write_kb", "merge_ratio", "bridged_blocks", "inflight_max",
                  "error", "flushes", "cleaner", "meta_commits", "meta_error",
-                 "cache_failed"]
-# Appended fields a module may not print yet (None when absent)
-STATUS_OPTIONAL = ("cache_failed",)
+                 "cache_failed", "epoch_oldest", "epoch_current"]
+# Appended fields a module may not print yet (None when absent); the two
+# epoch fields come together
+STATUS_OPTIONAL = ("cache_failed", "epoch_oldest", "epoch_current")
 MODES = ("writeback", "writethrough", "passthrough")
 FLUSH_STATES = ("idle", "flushing", "background", "cleaning")
 
@@ -564,8 +565,9 @@ def parse_status(line):
 
     Accepts the line with or without the leading '<start> <len> tiercache'.
     Validates every documented field's syntax; the fields of
-    STATUS_OPTIONAL are None when the module does not print them; extra
-    (appended) fields are kept in 'extra'.
+    STATUS_OPTIONAL are None when the module does not print them (the
+    epochs, 24 and 25, both or neither, and epoch_oldest <= epoch_current);
+    extra (appended) fields are kept in 'extra'.
     """
     words = line.split()
     d = {}
@@ -608,6 +610,13 @@ def parse_status(line):
     d["meta_commits"] = num("meta_commits", r"\d+")
     d["meta_error"] = num("meta_error", r"0|-\d+")
     d["cache_failed"] = num("cache_failed", r"0|-\d+") if "cache_failed" in raw else None
+    if ("epoch_oldest" in raw) != ("epoch_current" in raw):
+        raise StatusError(f"status has epoch_oldest without epoch_current: {line!r}")
+    for k in ("epoch_oldest", "epoch_current"):
+        d[k] = num(k, r"\d+") if k in raw else None
+    if d["epoch_oldest"] is not None and d["epoch_oldest"] > d["epoch_current"]:
+        raise StatusError(f"status epoch_oldest {d['epoch_oldest']} is after epoch_current "
+                          f"{d['epoch_current']} in {line!r}")
     d["extra"] = words[len(STATUS_FIELDS):]
     d["raw"] = line
     return d

@@ -28,6 +28,7 @@ def test_status_parser_doc_example():
     assert st["avg_write_kb"] == 1024 and st["merge_ratio"] == 256.0
     assert (st["inflight_max"], st["error"], st["flushes"], st["cleaner"]) == (32, 0, 1, 0)
     assert (st["meta_commits"], st["meta_error"], st["cache_failed"]) == (5, 0, 0)
+    assert (st["epoch_oldest"], st["epoch_current"]) == (None, None)
     assert st["extra"] == []
 
 
@@ -36,8 +37,24 @@ def test_status_parser_cache_failed():
     assert tclib.parse_status(DOC_EXAMPLE[:-2] + " -5")["cache_failed"] == -5
     st = tclib.parse_status(DOC_EXAMPLE.rsplit(" ", 1)[0])
     assert st["cache_failed"] is None and st["meta_error"] == 0
-    st = tclib.parse_status(DOC_EXAMPLE + " 7 x")
-    assert st["cache_failed"] == 0 and st["extra"] == ["7", "x"]
+    st = tclib.parse_status(DOC_EXAMPLE + " 7 9 x")
+    assert st["cache_failed"] == 0 and st["extra"] == ["x"]
+
+
+def test_status_parser_epochs():
+    """Fields 24-25: the oldest epoch with dirty blocks and the current
+    one, both or neither; None from a module that prints 23."""
+    st = tclib.parse_status(DOC_EXAMPLE + " 17 19")
+    assert (st["epoch_oldest"], st["epoch_current"]) == (17, 19)
+    assert st["cache_failed"] == 0 and st["extra"] == []
+    st = tclib.parse_status(DOC_EXAMPLE[:-2] + " -5 19 19")
+    assert (st["cache_failed"], st["epoch_oldest"], st["epoch_current"]) == (-5, 19, 19)
+    st = tclib.parse_status(DOC_EXAMPLE + " 0 18446744073709551615 future")
+    assert st["epoch_current"] == 2 ** 64 - 1 and st["extra"] == ["future"]
+    st = tclib.parse_status(DOC_EXAMPLE)
+    assert (st["epoch_oldest"], st["epoch_current"]) == (None, None)
+    st = tclib.parse_status(DOC_EXAMPLE.rsplit(" ", 1)[0])
+    assert (st["cache_failed"], st["epoch_oldest"]) == (None, None)
 
 
 @pytest.mark.parametrize("line", [
@@ -48,7 +65,12 @@ def test_status_parser_cache_failed():
     DOC_EXAMPLE.replace("8192/131072", "8192"),          # used/total
     DOC_EXAMPLE[:-4] + " 5 0",                           # meta_error not an errno
     DOC_EXAMPLE[:-2] + " 5",                             # cache_failed not an errno
-], ids=["short", "mode", "ratio", "state", "used", "meta_error", "cache_failed"])
+    DOC_EXAMPLE + " 17",                                 # epoch_oldest alone
+    DOC_EXAMPLE + " 20 19",                              # oldest after current
+    DOC_EXAMPLE + " -1 19",                              # not unsigned
+    DOC_EXAMPLE + " 17 1.0",                             # not a number
+], ids=["short", "mode", "ratio", "state", "used", "meta_error", "cache_failed",
+        "epoch_alone", "epoch_order", "epoch_sign", "epoch_number"])
 def test_status_parser_rejects(line):
     with pytest.raises(tclib.StatusError):
         tclib.parse_status(line)

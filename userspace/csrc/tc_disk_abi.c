@@ -5,6 +5,8 @@
  * gives the on-disk structures.  build.rs hands this file to bindgen, which
  * has clang evaluate the initialisers: the Rust side gets them as
  * constants, and a unit test compares them with the generated structures.
+ * It also compiles it with tc_disk.c, for the wrappers of the header's
+ * inline functions (bindgen binds no inline function).
  */
 #include <stddef.h>
 #include "tc_disk.h"
@@ -16,3 +18,13 @@ const u64 tc_abi_sb_uuid_offset = offsetof(struct tc_disk_sb, uuid);
 const u64 tc_abi_entry_csum_offset = offsetof(struct tc_disk_entry, csum);
 const u64 tc_abi_sb_gen_offset = offsetof(struct tc_disk_sb, gen);
 const u64 tc_abi_entry_gen_offset = offsetof(struct tc_disk_entry, gen);
+const u64 tc_abi_sb_epoch_offset = offsetof(struct tc_disk_sb, epoch);
+const u64 tc_abi_entry_flags_offset = offsetof(struct tc_disk_entry, flags);
+
+u64 tc_abi_disk_epoch(u64 sb_epoch, u16 e);
+
+/* tc_disk_epoch(), for the tool */
+u64 tc_abi_disk_epoch(u64 sb_epoch, u16 e)
+{
+	return tc_disk_epoch(sb_epoch, e);
+}

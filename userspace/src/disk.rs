@@ -36,9 +36,11 @@ pub const ENTRY_BYTES: usize = std::mem::size_of::<ffi::tc_disk_entry>();
 pub const MBLOCK_BYTES: usize = ffi::TC_MBLOCK_BYTES as usize;
 /// Sectors reserved for the superblock at the start of the device.
 pub const SB_SECTORS: u64 = ffi::TC_SB_SECTORS as u64;
-/// The format version the module writes (the tool also reads version 1,
-/// as format generation 0).
+/// The format version the module writes (the tool also reads versions 2
+/// and 1: epoch 0, and version 1 as format generation 0).
 pub const VERSION: u32 = ffi::TC_DISK_VERSION;
+/// The last version without epochs.
+pub const VERSION_V2: u32 = ffi::TC_DISK_VERSION_V2;
 /// Superblock flag: the cache device failed (tc_disk.h, TC_SB_FAILED).
 pub const SB_FAILED: u32 = ffi::TC_SB_FAILED;
 
@@ -50,6 +52,14 @@ pub fn entries_per_mblock() -> u64 {
 /// The magic string, without the C string's NUL.
 pub fn magic() -> &'static str {
     std::str::from_utf8(&ffi::TC_DISK_MAGIC[..ffi::TC_DISK_MAGIC.len() - 1]).unwrap()
+}
+
+/// The absolute epoch of an entry's 16 epoch bits `e` under a superblock
+/// of epoch `sb_epoch` (`tc_disk_epoch`): the first epoch from `sb_epoch`
+/// on with those low bits.
+pub fn disk_epoch(sb_epoch: u64, e: u16) -> u64 {
+    // SAFETY: plain values in and out.
+    unsafe { ffi::tc_abi_disk_epoch(sb_epoch, e) }
 }
 
 /// CRC-32C as the format uses it (tests craft checksummed values with it).
@@ -175,13 +185,17 @@ pub struct Superblock {
     pub origin_sectors: u64,
     /// The dm uuid of the device the cache belongs to; empty: any.
     pub uuid: String,
-    /// The format version read (1 or 2; the module writes 2).
+    /// The format version read (1, 2 or 3; the module writes 3).
     pub version: u32,
     /// The format generation: only entries of this generation (naming
     /// their own slot) are this cache's; version 1 reads as 0.
     pub generation: u32,
     /// `SB_FAILED` or 0 (the decoder refuses other bits).
     pub flags: u32,
+    /// A lower bound of the epochs of the committed dirty entries (the
+    /// oldest epoch live when the module's last commit began); entries
+    /// are never older.  Versions 1 and 2: 0.
+    pub epoch: u64,
 }
 
 impl Superblock {
@@ -196,6 +210,10 @@ impl Superblock {
     /// Whole origin blocks: entries must name a block below this.
     pub fn origin_blocks(&self) -> u64 {
         self.origin_sectors / self.layout.block_sectors as u64
+    }
+    /// Does this format record epochs (version 3 and later)?
+    pub fn has_epochs(&self) -> bool {
+        self.version > VERSION_V2
     }
 }
 
@@ -236,6 +254,7 @@ pub fn decode_sb(raw: &[u8]) -> (SbState, Option<Superblock>) {
             version: i.version,
             generation: i.gen_,
             flags: i.flags,
+            epoch: i.epoch,
         }),
     )
 }
@@ -257,9 +276,9 @@ fn sb_bytes(sb: &ffi::tc_disk_sb) -> [u8; SB_BYTES] {
 /// with its superblock marked failed (`TC_SB_FAILED`): decoded with
 /// `tc_sb_decode`, the flag added, encoded again with `tc_sb_encode`,
 /// which recomputes the checksum.  The rest of the area is kept.
-/// `tc_sb_encode` writes the current version: a version 1 superblock
-/// becomes one of version 2 and generation 0, as the module's first
-/// commit makes it.  `None`: marked already, nothing to write.  Refused
+/// `tc_sb_encode` writes the current version: a version 1 or 2
+/// superblock becomes one of version 3 and epoch 0 (version 1: generation
+/// 0), as the module's first commit makes it.  `None`: marked already, nothing to write.  Refused
 /// if the superblock does not decode (`dev` names the device).
 pub fn sb_marked_failed(area: &[u8], dev: &str) -> Result<Option<Vec<u8>>> {
     let mut sb = sb_from_bytes(area);
@@ -368,9 +387,9 @@ pub fn mark_failed(dev: &dyn WriteAt, want: &MarkWant) -> Result<bool> {
 }
 
 /// Encode a superblock (`tc_sb_encode`, which writes the current
-/// version).  The uuid is cut at 128 bytes.  `version` 1 gives what the
-/// version 1 code wrote: the version field and checksum are redone (the
-/// generation must be 0).  The tool writes no superblock but to mark one
+/// version).  The uuid is cut at 128 bytes.  `version` 1 or 2 gives what
+/// the code of that version wrote: the version field and checksum are
+/// redone (the epoch must be 0, and in version 1 the generation).  The tool writes no superblock but to mark one
 /// failed (`sb_marked_failed`, through the C code): for tests.
 #[cfg(test)]
 pub fn encode_sb(s: &Superblock) -> [u8; SB_BYTES] {
@@ -381,6 +400,7 @@ pub fn encode_sb(s: &Superblock) -> [u8; SB_BYTES] {
         version: s.version,
         gen_: s.generation,
         flags: s.flags,
+        epoch: s.epoch,
         uuid: [0; ffi::TC_UUID_BYTES as usize + 1],
     };
     for (d, c) in i
@@ -484,7 +504,9 @@ impl EntryState {
 
 /// One decoded entry.  `block`, `seq` and `dirty` are what the entry says
 /// when the C decoder got that far (not for empty or foreign entries,
-/// checksum or flag errors).
+/// checksum or flag errors); `epoch` is then, for a dirty version, its
+/// absolute epoch (`disk_epoch` of the superblock's epoch and the entry's
+/// bits; 0 before version 3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Entry {
     pub slot: u64,
@@ -492,6 +514,7 @@ pub struct Entry {
     pub block: Option<u64>,
     pub seq: Option<u64>,
     pub dirty: Option<bool>,
+    pub epoch: Option<u64>,
 }
 
 fn entry_from_bytes(raw: &[u8]) -> ffi::tc_disk_entry {
@@ -504,20 +527,23 @@ fn entry_from_bytes(raw: &[u8]) -> ffi::tc_disk_entry {
     d
 }
 
-/// Decode the entry of `slot` under a superblock of format generation
-/// `gen` (`tc_de_decode`).
-pub fn decode_entry(
-    raw: &[u8],
-    slot: u64,
-    origin_blocks: u64,
-    commit_seq: u64,
-    generation: u32,
-) -> Entry {
+/// Decode the entry of `slot` under superblock `sb` (`tc_de_decode` with
+/// its origin size, commit sequence, generation and version; the epoch
+/// made absolute with its epoch).
+pub fn decode_entry(raw: &[u8], slot: u64, sb: &Superblock) -> Entry {
     let d = entry_from_bytes(raw);
     let mut i = ffi::tc_de_info::default();
     // SAFETY: both pointers are to live, properly aligned structs.
     let st = EntryState::from_c(unsafe {
-        ffi::tc_de_decode(&d, slot, origin_blocks, commit_seq, generation, &mut i)
+        ffi::tc_de_decode(
+            &d,
+            slot,
+            sb.origin_blocks(),
+            sb.commit_seq,
+            sb.generation,
+            sb.version,
+            &mut i,
+        )
     });
     let fields = matches!(
         st,
@@ -529,6 +555,7 @@ pub fn decode_entry(
         block: fields.then_some(i.block),
         seq: fields.then_some(i.seq),
         dirty: fields.then_some(i.dirty),
+        epoch: (fields && i.dirty).then(|| disk_epoch(sb.epoch, i.epoch)),
     }
 }
 
@@ -545,17 +572,20 @@ fn entry_bytes(d: &ffi::tc_disk_entry) -> [u8; ENTRY_BYTES] {
     out
 }
 
-/// Encode an entry of format generation `generation` (`tc_de_encode`).
+/// Encode an entry of format generation `generation` (`tc_de_encode`):
+/// of a dirty version, the low 16 bits of `epoch` are written; a clean
+/// entry has none.
 pub fn encode_entry(
     slot: u64,
     block: u64,
     dirty: bool,
     seq: u64,
     generation: u32,
+    epoch: u64,
 ) -> [u8; ENTRY_BYTES] {
     let mut d = ffi::tc_disk_entry::default();
     // SAFETY: d is a live struct.
-    unsafe { ffi::tc_de_encode(&mut d, slot, block, dirty, seq, generation) };
+    unsafe { ffi::tc_de_encode(&mut d, slot, block, dirty, seq, generation, epoch as u16) };
     entry_bytes(&d)
 }
 
@@ -933,7 +963,6 @@ pub fn for_each_entry(
 ) -> Result<()> {
     let l = &sb.layout;
     let per = entries_per_mblock();
-    let nr_blocks = sb.origin_blocks();
     let chunk_mblocks: u64 = 256;
     let mut mb = 0;
     while mb < l.meta_blocks {
@@ -945,7 +974,7 @@ pub fn for_each_entry(
             if slot >= l.nr_slots {
                 break;
             }
-            let e = decode_entry(raw, slot, nr_blocks, sb.commit_seq, sb.generation);
+            let e = decode_entry(raw, slot, sb);
             f(&e, raw)?;
         }
         mb += n;
@@ -989,20 +1018,32 @@ pub struct BadEntry {
     pub raw: String,
 }
 
-/// A committed dirty entry.
+/// A committed dirty entry: a dirty version of an origin block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct DirtyRef {
     pub block: u64,
     pub slot: u64,
     pub seq: u64,
+    /// Its absolute epoch (0 before version 3).
+    pub epoch: u64,
 }
 
-/// Several committed dirty entries for one origin block.
+/// Several committed dirty entries for one origin block and one epoch
+/// (in versions 1 and 2, where every entry is of epoch 0: for one block).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Duplicate {
     pub block: u64,
+    pub epoch: u64,
     pub slots: Vec<u64>,
     pub seqs: Vec<u64>,
+}
+
+/// The dirty versions of one epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct EpochCount {
+    pub epoch: u64,
+    /// Committed dirty entries of this epoch.
+    pub dirty: u64,
 }
 
 /// Everything `check` and `writeback` need from the entries.
@@ -1010,8 +1051,10 @@ pub struct Duplicate {
 pub struct Survey {
     pub counts: Counts,
     pub corrupt: Vec<BadEntry>,
-    /// Committed dirty entries, by origin block then slot.
+    /// Committed dirty entries, by origin block, epoch, then slot.
     pub dirty: Vec<DirtyRef>,
+    /// One origin block dirty in several slots of one epoch: the metadata
+    /// does not say which is current (the module refuses to load it).
     pub duplicates: Vec<Duplicate>,
 }
 
@@ -1032,13 +1075,58 @@ impl Survey {
                 .count() as u64
     }
 
-    /// The dirty entries that are the only one for their block.
-    pub fn unique_dirty(&self) -> Vec<DirtyRef> {
-        self.dirty
+    /// The dirty versions to write back, oldest epoch first and by
+    /// origin block within an epoch: every committed dirty entry but
+    /// those of a block with a duplicate (all its versions are left out:
+    /// its chain of versions is not known).
+    pub fn versions_to_write(&self) -> Vec<DirtyRef> {
+        let dup: std::collections::HashSet<u64> = self.duplicates.iter().map(|d| d.block).collect();
+        let mut v: Vec<DirtyRef> = self
+            .dirty
             .iter()
-            .filter(|d| !self.duplicates.iter().any(|x| x.block == d.block))
+            .filter(|d| !dup.contains(&d.block))
             .copied()
+            .collect();
+        v.sort_by_key(|d| (d.epoch, d.block, d.slot));
+        v
+    }
+
+    /// The epochs of the committed dirty entries, oldest first.
+    pub fn epochs(&self) -> Vec<EpochCount> {
+        let mut m = std::collections::BTreeMap::new();
+        for d in &self.dirty {
+            *m.entry(d.epoch).or_insert(0u64) += 1;
+        }
+        m.into_iter()
+            .map(|(epoch, dirty)| EpochCount { epoch, dirty })
             .collect()
+    }
+
+    /// Origin blocks dirty in more than one epoch (a chain of versions).
+    pub fn versioned_blocks(&self) -> u64 {
+        let mut n = 0;
+        let mut i = 0;
+        while i < self.dirty.len() {
+            let b = self.dirty[i].block;
+            let mut j = i + 1;
+            let mut several = false;
+            while j < self.dirty.len() && self.dirty[j].block == b {
+                several |= self.dirty[j].epoch != self.dirty[i].epoch;
+                j += 1;
+            }
+            n += several as u64;
+            i = j;
+        }
+        n
+    }
+
+    /// Distinct origin blocks of `versions` (dirty versions).
+    pub fn origin_blocks_of(versions: &[DirtyRef]) -> u64 {
+        versions
+            .iter()
+            .map(|d| d.block)
+            .collect::<std::collections::HashSet<u64>>()
+            .len() as u64
     }
 }
 
@@ -1056,6 +1144,7 @@ pub fn survey(dev: &dyn ReadAt, sb: &Superblock) -> Result<Survey> {
                     block: e.block.unwrap_or(0),
                     slot: e.slot,
                     seq: e.seq.unwrap_or(0),
+                    epoch: e.epoch.unwrap_or(0),
                 });
             }
             st => {
@@ -1073,16 +1162,21 @@ pub fn survey(dev: &dyn ReadAt, sb: &Superblock) -> Result<Survey> {
         }
         Ok(())
     })?;
-    s.dirty.sort_by_key(|d| (d.block, d.slot));
+    // The version-chain rule: one origin block may be dirty in several
+    // slots if their epochs all differ (version 3); two of one epoch are
+    // corruption (in versions 1 and 2, all of epoch 0: any two).
+    s.dirty.sort_by_key(|d| (d.block, d.epoch, d.slot));
     let mut i = 0;
     while i < s.dirty.len() {
+        let key = |d: &DirtyRef| (d.block, d.epoch);
         let mut j = i + 1;
-        while j < s.dirty.len() && s.dirty[j].block == s.dirty[i].block {
+        while j < s.dirty.len() && key(&s.dirty[j]) == key(&s.dirty[i]) {
             j += 1;
         }
         if j - i > 1 {
             s.duplicates.push(Duplicate {
                 block: s.dirty[i].block,
+                epoch: s.dirty[i].epoch,
                 slots: s.dirty[i..j].iter().map(|d| d.slot).collect(),
                 seqs: s.dirty[i..j].iter().map(|d| d.seq).collect(),
             });
@@ -1135,9 +1229,9 @@ pub fn garbage(buf: &mut [u8], mut x: u64) {
 }
 
 /// Build a formatted cache image of `cache_sectors` with the given entries
-/// `(slot, block, dirty, seq)`, the data of each entry's slot filled with
-/// `fill(block)`.  For tests, here so that every test builds images the
-/// same way (through the C encoder).
+/// `(slot, block, dirty, seq)`, dirty ones of the superblock's epoch, the
+/// data of each entry's slot filled with `fill(block)`.  For tests, here so
+/// that every test builds images the same way (through the C encoder).
 #[cfg(test)]
 pub fn build_image(
     sb: &Superblock,
@@ -1145,10 +1239,26 @@ pub fn build_image(
     entries: &[(u64, u64, bool, u64)],
     fill: impl Fn(u64) -> u8,
 ) -> Vec<u8> {
+    let es: Vec<(u64, u64, bool, u64, u64)> = entries
+        .iter()
+        .map(|&(s, b, d, q)| (s, b, d, q, sb.epoch))
+        .collect();
+    build_image_epochs(sb, cache_sectors, &es, |b, _| fill(b))
+}
+
+/// `build_image` with the epoch of each entry: `(slot, block, dirty, seq,
+/// epoch)`, the data of its slot filled with `fill(block, epoch)`.
+#[cfg(test)]
+pub fn build_image_epochs(
+    sb: &Superblock,
+    cache_sectors: u64,
+    entries: &[(u64, u64, bool, u64, u64)],
+    fill: impl Fn(u64, u64) -> u8,
+) -> Vec<u8> {
     let mut img = vec![0u8; (cache_sectors * 512) as usize];
     img[..SB_BYTES].copy_from_slice(&encode_sb(sb));
     let l = &sb.layout;
-    for &(slot, block, dirty, seq) in entries {
+    for &(slot, block, dirty, seq, epoch) in entries {
         let off = entry_offset(l, slot) as usize;
         img[off..off + ENTRY_BYTES].copy_from_slice(&encode_entry(
             slot,
@@ -1156,10 +1266,11 @@ pub fn build_image(
             dirty,
             seq,
             sb.generation,
+            epoch,
         ));
         let d = l.slot_offset(slot) as usize;
         let bb = l.block_bytes() as usize;
-        img[d..d + bb].fill(fill(block));
+        img[d..d + bb].fill(fill(block, epoch));
     }
     img
 }
@@ -1192,6 +1303,18 @@ mod tests {
             std::mem::offset_of!(ffi::tc_disk_entry, gen_)
         );
         assert_eq!(std::mem::offset_of!(ffi::tc_disk_entry, gen_), 28);
+        assert_eq!(
+            ffi::tc_abi_sb_epoch_offset as usize,
+            std::mem::offset_of!(ffi::tc_disk_sb, epoch)
+        );
+        assert_eq!(std::mem::offset_of!(ffi::tc_disk_sb, epoch), 200);
+        assert_eq!(
+            ffi::tc_abi_entry_flags_offset as usize,
+            std::mem::offset_of!(ffi::tc_disk_entry, flags)
+        );
+        assert_eq!(ffi::TC_DE_EPOCH_SHIFT, 16);
+        assert_eq!(ffi::TC_DE_EPOCH_MASK, 0xffff_0000);
+        assert_eq!((VERSION, VERSION_V2), (3, 2));
         assert_eq!(SB_BYTES, 512);
         assert_eq!(ENTRY_BYTES, 32);
         assert_eq!(entries_per_mblock() as usize, MBLOCK_BYTES / ENTRY_BYTES);
@@ -1212,6 +1335,18 @@ mod tests {
             version: VERSION,
             generation: G,
             flags: 0,
+            epoch: 0,
+        }
+    }
+
+    /// A superblock to decode entries under: an origin of `origin_blocks`,
+    /// commit `commit_seq`, generation `generation`, version 3, epoch 0.
+    fn under(origin_blocks: u64, commit_seq: u64, generation: u32) -> Superblock {
+        Superblock {
+            origin_sectors: origin_blocks * 8,
+            commit_seq,
+            generation,
+            ..sample()
         }
     }
 
@@ -1283,7 +1418,7 @@ mod tests {
         );
         assert_eq!(sb_marked_failed(&new, "dev").unwrap(), None);
 
-        // Version 1: written as version 2, generation 0.
+        // Version 1: written as version 3, generation 0, epoch 0.
         let v1 = Superblock {
             version: 1,
             generation: 0,
@@ -1291,7 +1426,10 @@ mod tests {
         };
         let new = sb_marked_failed(&encode_sb(&v1), "dev").unwrap().unwrap();
         let got = decode_sb(&new).1.unwrap();
-        assert_eq!((got.version, got.generation, got.flags), (2, 0, SB_FAILED));
+        assert_eq!(
+            (got.version, got.generation, got.epoch, got.flags),
+            (3, 0, 0, SB_FAILED)
+        );
         assert_eq!((got.layout, got.commit_seq), (v1.layout, v1.commit_seq));
 
         // Nothing to mark: refused.
@@ -1412,41 +1550,52 @@ mod tests {
 
     #[test]
     fn entries_decode_through_c() {
-        let e = decode_entry(&encode_entry(3, 77, true, 5, G), 3, 100, 9, G);
+        let e = decode_entry(&encode_entry(3, 77, true, 5, G, 0), 3, &under(100, 9, G));
         assert_eq!(e.state, EntryState::Dirty);
         assert_eq!((e.block, e.seq, e.dirty), (Some(77), Some(5), Some(true)));
-        let e = decode_entry(&encode_entry(3, 77, true, 10, G), 3, 100, 9, G);
+        let e = decode_entry(&encode_entry(3, 77, true, 10, G, 0), 3, &under(100, 9, G));
         assert_eq!(e.state, EntryState::Uncommitted);
-        let e = decode_entry(&encode_entry(3, 77, false, 5, G), 3, 100, 9, G);
+        let e = decode_entry(&encode_entry(3, 77, false, 5, G, 0), 3, &under(100, 9, G));
         assert_eq!(e.state, EntryState::Clean);
         // Another generation's entry, in its place or not: foreign (empty).
-        let e = decode_entry(&encode_entry(3, 77, true, 5, G - 1), 3, 100, 9, G);
+        let e = decode_entry(
+            &encode_entry(3, 77, true, 5, G - 1, 0),
+            3,
+            &under(100, 9, G),
+        );
         assert_eq!((e.state, e.block), (EntryState::Foreign, None));
         assert!(!e.state.is_corrupt());
         assert!(e.state.describe().starts_with("foreign"));
-        let e = decode_entry(&encode_entry(3, 77, true, 5, G - 1), 4, 100, 9, G);
+        let e = decode_entry(
+            &encode_entry(3, 77, true, 5, G - 1, 0),
+            4,
+            &under(100, 9, G),
+        );
         assert_eq!((e.state, e.block), (EntryState::Foreign, None));
         // This generation's, another slot's: misplaced, corrupt.
-        let e = decode_entry(&encode_entry(3, 77, true, 5, G), 4, 100, 9, G);
+        let e = decode_entry(&encode_entry(3, 77, true, 5, G, 0), 4, &under(100, 9, G));
         assert_eq!((e.state, e.block), (EntryState::BadSlot, None));
         assert!(e.state.is_corrupt());
         assert_eq!(e.state.as_str(), "bad_slot");
         assert!(e.state.describe().contains("misdirected"));
         // Ours with a flipped bit in the generation or slot word: corrupt.
         for byte in [16, 19, 28, 31] {
-            let mut raw = encode_entry(3, 77, true, 5, G);
+            let mut raw = encode_entry(3, 77, true, 5, G, 0);
             raw[byte] ^= 0x10;
-            assert_eq!(decode_entry(&raw, 3, 100, 9, G).state, EntryState::BadCsum);
+            assert_eq!(
+                decode_entry(&raw, 3, &under(100, 9, G)).state,
+                EntryState::BadCsum
+            );
         }
-        let e = decode_entry(&encode_entry(3, 100, true, 5, G), 3, 100, 9, G);
+        let e = decode_entry(&encode_entry(3, 100, true, 5, G, 0), 3, &under(100, 9, G));
         assert_eq!((e.state, e.block), (EntryState::BadBlock, Some(100)));
         assert_eq!(
-            decode_entry(&encode_empty_entry(), 3, 100, 9, G).state,
+            decode_entry(&encode_empty_entry(), 3, &under(100, 9, G)).state,
             EntryState::Empty
         );
-        let mut raw = encode_entry(3, 77, true, 5, G);
+        let mut raw = encode_entry(3, 77, true, 5, G, 0);
         raw[0] ^= 0x80;
-        let e = decode_entry(&raw, 3, 100, 9, G);
+        let e = decode_entry(&raw, 3, &under(100, 9, G));
         assert_eq!(e.state, EntryState::BadCsum);
         assert!(e.state.is_corrupt());
         assert_eq!(e.state.describe(), "checksum mismatch");
@@ -1465,9 +1614,9 @@ mod tests {
         assert_eq!((got.version, got.generation), (1, 0));
         assert_eq!(got, v1);
         // A version 1 entry (its last word reserved, zero) is generation 0's.
-        let e = decode_entry(&encode_entry(3, 77, true, 5, 0), 3, 100, 9, got.generation);
+        let e = decode_entry(&encode_entry(3, 77, true, 5, 0, 0), 3, &got);
         assert_eq!(e.state, EntryState::Dirty);
-        assert_eq!(&encode_entry(3, 77, true, 5, 0)[28..], &[0u8; 4]);
+        assert_eq!(&encode_entry(3, 77, true, 5, 0, 0)[28..], &[0u8; 4]);
         // Version 1 with a non-zero generation word: a bad field there.
         let mut bad = encode_sb(&sample());
         let v = std::mem::offset_of!(ffi::tc_disk_sb, version);
@@ -1522,11 +1671,12 @@ mod tests {
             s.duplicates,
             vec![Duplicate {
                 block: 5,
+                epoch: 0,
                 slots: vec![0, 2],
                 seqs: vec![9, 8]
             }]
         );
-        assert!(s.unique_dirty().is_empty());
+        assert!(s.versions_to_write().is_empty());
     }
 
     #[test]
@@ -1543,9 +1693,9 @@ mod tests {
             let o = entry_offset(&l, slot) as usize;
             img[o..o + ENTRY_BYTES].copy_from_slice(&raw);
         };
-        put(&mut img, 4, encode_entry(4, 40, true, 9, G));
-        put(&mut img, 5, encode_entry(5, 41, false, 2, G));
-        put(&mut img, 6, encode_entry(6, 42, true, 9, G - 1));
+        put(&mut img, 4, encode_entry(4, 40, true, 9, G, 0));
+        put(&mut img, 5, encode_entry(5, 41, false, 2, G, 0));
+        put(&mut img, 6, encode_entry(6, 42, true, 9, G - 1, 0));
         put(&mut img, 7, encode_empty_entry());
         let m = MemImage {
             name: "img".into(),
@@ -1569,7 +1719,8 @@ mod tests {
             vec![DirtyRef {
                 block: 40,
                 slot: 4,
-                seq: 9
+                seq: 9,
+                epoch: 0
             }]
         );
         // Under the previous generation, slot 6 is its dirty block and
@@ -1581,6 +1732,172 @@ mod tests {
         let s = survey(&m, &old).unwrap();
         assert_eq!((s.counts.dirty, s.counts.clean), (1, 0));
         assert_eq!(s.dirty[0].slot, 6);
+    }
+
+    #[test]
+    fn disk_epoch_through_c() {
+        for (sbe, e, want) in [
+            (0u64, 0u16, 0u64),
+            (0, 0xffff, 0xffff),
+            (0xfffe, 0xffff, 0xffff),
+            (0xfffe, 0, 0x1_0000),
+            (0xfffe, 0xfffd, 0x1_fffd),
+            (0x1_0001, 0, 0x2_0000),
+            (u64::MAX, 0xffff, u64::MAX),
+            (u64::MAX, 0, 0),
+        ] {
+            assert_eq!(disk_epoch(sbe, e), want, "{sbe:#x} {e:#x}");
+        }
+    }
+
+    #[test]
+    fn entry_epochs_through_c() {
+        // Superblock epoch 0xfff0: the entries' 16 bits wrap past it.
+        let sb = Superblock {
+            epoch: 0xfff0,
+            ..sample()
+        };
+        assert_eq!(decode_sb(&encode_sb(&sb)).1.unwrap(), sb);
+        let f = std::mem::offset_of!(ffi::tc_disk_entry, flags);
+        for epoch in [0xfff0u64, 0xffff, 0x1_0000, 0x1_0005, 0x1_ffef] {
+            let raw = encode_entry(3, 77, true, 5, G, epoch);
+            let flags = u32::from_le_bytes(raw[f..f + 4].try_into().unwrap());
+            assert_eq!(flags, 3 | ((epoch as u32 & 0xffff) << 16));
+            let e = decode_entry(&raw, 3, &sb);
+            assert_eq!((e.state, e.epoch), (EntryState::Dirty, Some(epoch)));
+            // Uncommitted and beyond the origin: the epoch is decoded too.
+            let e = decode_entry(&encode_entry(3, 77, true, 10, G, epoch), 3, &sb);
+            assert_eq!((e.state, e.epoch), (EntryState::Uncommitted, Some(epoch)));
+            let e = decode_entry(&encode_entry(3, 1024, true, 5, G, epoch), 3, &sb);
+            assert_eq!((e.state, e.epoch), (EntryState::BadBlock, Some(epoch)));
+        }
+        // A clean entry has no epoch, whatever it is given.
+        let raw = encode_entry(3, 77, false, 5, G, 0x1234);
+        assert_eq!(raw, encode_entry(3, 77, false, 5, G, 0));
+        let e = decode_entry(&raw, 3, &sb);
+        assert_eq!((e.state, e.epoch), (EntryState::Clean, None));
+        // Epoch bits in a version 2 entry, or in a clean one: invalid flags.
+        let v2 = Superblock {
+            version: VERSION_V2,
+            ..sample()
+        };
+        let e = decode_entry(&encode_entry(3, 77, true, 5, G, 1), 3, &v2);
+        assert_eq!((e.state, e.block), (EntryState::BadFlags, None));
+        assert!(e.state.is_corrupt());
+        let e = decode_entry(&encode_entry(3, 77, true, 5, G, 0), 3, &v2);
+        assert_eq!((e.state, e.epoch), (EntryState::Dirty, Some(0)));
+        let mut raw = encode_entry(3, 77, false, 5, G, 0);
+        raw[f + 2] = 1;
+        let c = std::mem::offset_of!(ffi::tc_disk_entry, csum);
+        raw[c..c + 4].fill(0);
+        let sum = crc(&raw);
+        raw[c..c + 4].copy_from_slice(&sum.to_le_bytes());
+        assert_eq!(decode_entry(&raw, 3, &sb).state, EntryState::BadFlags);
+    }
+
+    #[test]
+    fn version_2_superblock_reads_as_epoch_0() {
+        let v2 = Superblock {
+            version: VERSION_V2,
+            ..sample()
+        };
+        let raw = encode_sb(&v2);
+        assert_eq!(&raw[8..12], &2u32.to_le_bytes());
+        let got = decode_sb(&raw).1.unwrap();
+        assert_eq!(got, v2);
+        assert!(!got.has_epochs() && sample().has_epochs());
+        // An epoch in version 2 (its words were reserved): a bad field.
+        let bad = encode_sb(&Superblock { epoch: 7, ..v2 });
+        assert_eq!(decode_sb(&bad).0, SbState::BadFields);
+        // Marked failed: written as version 3, epoch 0.
+        let new = sb_marked_failed(&raw, "dev").unwrap().unwrap();
+        let got = decode_sb(&new).1.unwrap();
+        assert_eq!((got.version, got.epoch, got.flags), (3, 0, SB_FAILED));
+    }
+
+    #[test]
+    fn survey_version_chains() {
+        // Block 5 in epochs 100, 101 and 103; block 6 twice in epoch 101
+        // (a duplicate); block 7 once; the superblock's epoch 100.
+        let sb = Superblock {
+            epoch: 100,
+            ..sample()
+        };
+        let img = build_image_epochs(
+            &sb,
+            4096,
+            &[
+                (0, 5, true, 9, 103),
+                (1, 5, true, 8, 100),
+                (2, 6, true, 9, 101),
+                (3, 7, true, 9, 102),
+                (4, 5, true, 9, 101),
+                (5, 6, true, 7, 101),
+                (6, 6, true, 7, 100),
+                (7, 8, false, 9, 0),
+            ],
+            |b, e| (b + e) as u8,
+        );
+        let m = MemImage {
+            name: "img".into(),
+            data: img,
+        };
+        let s = survey(&m, &sb).unwrap();
+        assert_eq!(
+            (s.counts.dirty, s.counts.clean, s.counts.corrupt),
+            (7, 1, 0)
+        );
+        assert_eq!(
+            s.duplicates,
+            vec![Duplicate {
+                block: 6,
+                epoch: 101,
+                slots: vec![2, 5],
+                seqs: vec![9, 7]
+            }]
+        );
+        assert_eq!(
+            s.epochs(),
+            vec![
+                EpochCount {
+                    epoch: 100,
+                    dirty: 2
+                },
+                EpochCount {
+                    epoch: 101,
+                    dirty: 3
+                },
+                EpochCount {
+                    epoch: 102,
+                    dirty: 1
+                },
+                EpochCount {
+                    epoch: 103,
+                    dirty: 1
+                },
+            ]
+        );
+        assert_eq!(s.versioned_blocks(), 2, "blocks 5 and 6");
+        // Oldest epoch first, by block within one; block 6 left out.
+        let w: Vec<(u64, u64, u64)> = s
+            .versions_to_write()
+            .iter()
+            .map(|d| (d.epoch, d.block, d.slot))
+            .collect();
+        assert_eq!(w, vec![(100, 5, 1), (101, 5, 4), (102, 7, 3), (103, 5, 0)]);
+
+        // The same entries under version 2: epoch bits are invalid flags,
+        // and the entries of epoch 0 mod 2^16 are all of epoch 0.
+        let v2 = Superblock {
+            version: VERSION_V2,
+            epoch: 0,
+            ..sb
+        };
+        let mut m2 = m.clone();
+        m2.data[..SB_BYTES].copy_from_slice(&encode_sb(&v2));
+        let s = survey(&m2, &v2).unwrap();
+        assert_eq!((s.counts.dirty, s.counts.corrupt), (0, 7));
+        assert!(s.corrupt.iter().all(|b| b.state == EntryState::BadFlags));
     }
 
     #[test]

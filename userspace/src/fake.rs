@@ -39,6 +39,9 @@ pub struct Sim {
     pub meta_error: i32,
     /// Field 23: the cache device error that latched the failed state.
     pub cache_failed: i32,
+    /// Fields 24 and 25: the oldest live epoch and the current one (None:
+    /// a module without epochs, 23 fields).
+    pub epochs: Option<(u64, u64)>,
     /// Print only the first this many status fields (an older module).
     pub nr_fields: Option<usize>,
     pub msgs: Vec<String>,
@@ -64,6 +67,7 @@ impl Sim {
             incoming: 0,
             meta_error: 0,
             cache_failed: 0,
+            epochs: None,
             nr_fields: None,
             msgs: vec![],
         }
@@ -98,6 +102,10 @@ impl Sim {
             self.meta_error,
             self.cache_failed
         );
+        let line = match self.epochs {
+            Some((oldest, current)) => format!("{line} {oldest} {current}"),
+            None => line,
+        };
         match self.nr_fields {
             Some(n) => line.split(' ').take(n).collect::<Vec<_>>().join(" "),
             None => line,

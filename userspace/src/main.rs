@@ -320,7 +320,10 @@ directly).  'tiercache remove NAME' drops the mapping once unused.
 --abandon is the way out of a failed cache device ('tiercache status'
 shows FAILED): no flush, no cleaner mode.  The dirty blocks only the cache
 holds are lost: those blocks read as the origin's older data.  It says how
-many, asks to type the device name, the loss in the question (--yes: no
+many and, from a module that reports epochs (the writes between two
+flushes), which epoch the origin holds: every write completed before the
+flush that opened the oldest epoch with dirty blocks.  It asks to type the
+device name, the loss in the question (--yes: no
 question; without a terminal and without --yes it refuses, exit 2; another
 answer: exit 16), swaps the table for the linear mapping and releases the
 cache as above, and marks the cache device's superblock failed: no module
@@ -396,13 +399,17 @@ prints a summary.  DEVICE may be a block device or an image file.  Exit
 status: 0 consistent, 10 cannot read the device, 11 no superblock (never
 formatted), 12 superblock corrupt or of an unknown version, 13 corrupt
 entries (each listed with its slot and the reason), 14 an origin block dirty
-in several slots, 15 the superblock is marked failed (by the module when a
-metadata commit failed, or by 'detach --abandon' or 'check --mark-failed'
-when an administrator gave the cache up: the module does not load it
-again); the lowest applies.
+in several slots (of one epoch, in format version 3), 15 the superblock is
+marked failed (by the module when a metadata commit failed, or by 'detach
+--abandon' or 'check --mark-failed' when an administrator gave the cache
+up: the module does not load it again); the lowest applies.
 Entries of a commit that did not finish are ignored, as the module ignores
 them.  Entries of another format generation (an earlier format's, or bytes
-the device held before) are free slots, counted apart, not errors.
+the device held before) are free slots, counted apart, not errors.  Format
+version 3 records the epoch of each dirty block (the writes between two
+flushes): one origin block may be dirty in several slots, one version per
+epoch, the newest being its data; check reports the live epochs (the
+oldest and the newest) and the blocks with several versions.
 
 --mark-failed writes the failed mark instead, as 'detach --abandon' does:
 for a cache device whose mark 'detach --abandon' could not write (it
@@ -433,10 +440,12 @@ module loads it either).")]
     /// Show the superblock and the entries of a cache device
     #[command(after_help = "\
 Each entry: slot, origin block, state (dirty, clean, uncommitted, or what is
-wrong with it) and the commit that wrote it.  Exit status as for check, but
+wrong with it), the commit that wrote it and, for a dirty block, the epoch
+of its version (format version 3; 0 before).  Exit status as for check, but
 corrupt entries and the failed mark are shown, not judged.  The superblock
-shows the format version, generation and flags (failed); entries of another
-generation (foreign) are free slots, shown with --all.")]
+shows the format version, generation, epoch (a lower bound of the dirty
+entries' epochs) and flags (failed); entries of another generation
+(foreign) are free slots, shown with --all.")]
     Dump {
         /// Cache device or image file
         device: String,
@@ -450,17 +459,20 @@ generation (foreign) are free slots, shown with --all.")]
     /// Write a cache's dirty blocks to its origin without the module (offline)
     #[command(after_help = "\
 For when the cache cannot be set up: every committed dirty block is copied
-from its slot to the origin, in origin order, adjacent blocks merged into
-writes of up to 4 MiB; the origin is synced, then the entries are rewritten
-as clean (and synced), so that a later load does not write them again.  Both
-devices are opened exclusively: refused while a device-mapper device or a
-mount uses either.  Refused on a bad superblock, on corrupt entries and on
-ambiguous (duplicate) dirty entries; --force writes back the rest and leaves
-those as they are.  Refused on a superblock marked failed: writes since the
-failure went to the origin, which may hold newer data than the dirty blocks;
---force writes them anyway (the mark stays), and --dry-run without --force
-lists what --force would write, then exits 15.  Exit status as for check,
-4 when a device is in use.")]
+from its slot to the origin, epoch by epoch, oldest first (format version 3;
+an epoch is the writes between two flushes), in origin order within an
+epoch, adjacent blocks merged into writes of up to 4 MiB; the origin is
+synced after each epoch, so that it only passes through states a power cut
+could have left.  Then the entries are rewritten as clean (and synced), so
+that a later load does not write them again.  --dry-run lists the writes per
+epoch.  Both devices are opened exclusively: refused while a device-mapper
+device or a mount uses either.  Refused on a bad superblock, on corrupt
+entries and on ambiguous (duplicate) dirty entries; --force writes back the
+rest and leaves those as they are.  Refused on a superblock marked failed:
+writes since the failure went to the origin, which may hold newer data than
+the dirty blocks; --force writes them anyway (the mark stays), and --dry-run
+without --force lists what --force would write, then exits 15.  Exit status
+as for check, 4 when a device is in use.")]
     Writeback {
         /// The cache device (or image file)
         #[arg(long, value_name = "DEV")]

@@ -13,8 +13,8 @@ use serde::Serialize;
 use std::io::Write;
 
 use crate::disk::{
-    self, Access, BadEntry, Counts, Dev, DirtyRef, Duplicate, EntryState, ReadAt, SbRead, SbState,
-    Superblock, Survey,
+    self, Access, BadEntry, Counts, Dev, DirtyRef, Duplicate, EntryState, EpochCount, ReadAt,
+    SbRead, SbState, Superblock, Survey, WriteAt,
 };
 use crate::error::{usage, Error, Kind, Result};
 use crate::units::fmt_bytes;
@@ -59,6 +59,46 @@ pub struct CheckReport {
     pub dirty_bytes: Option<u64>,
     pub corrupt: Vec<BadEntry>,
     pub duplicates: Vec<Duplicate>,
+    /// The epochs of the committed dirty entries.
+    pub epochs: Option<EpochReport>,
+}
+
+/// The epochs of the committed dirty entries, as `check` reports them.
+#[derive(Clone, Debug, Serialize)]
+pub struct EpochReport {
+    /// The superblock's epoch: a lower bound of the dirty entries' epochs.
+    pub superblock: u64,
+    /// Epochs with committed dirty entries (live: not written back).
+    pub live: u64,
+    pub oldest: Option<u64>,
+    pub newest: Option<u64>,
+    /// Origin blocks dirty in more than one epoch (chains of versions).
+    pub versioned_blocks: u64,
+    /// Committed dirty entries per epoch, oldest first.
+    pub per_epoch: Vec<EpochCount>,
+}
+
+impl EpochReport {
+    fn of(sb: &Superblock, s: &Survey) -> EpochReport {
+        let per_epoch = s.epochs();
+        EpochReport {
+            superblock: sb.epoch,
+            live: per_epoch.len() as u64,
+            oldest: per_epoch.first().map(|e| e.epoch),
+            newest: per_epoch.last().map(|e| e.epoch),
+            versioned_blocks: s.versioned_blocks(),
+            per_epoch,
+        }
+    }
+}
+
+/// "block 40" or, with epochs, "block 40 in epoch 5".
+fn dup_name(sb: &Superblock, d: &Duplicate) -> String {
+    if sb.has_epochs() {
+        format!("{} in epoch {}", d.block, d.epoch)
+    } else {
+        d.block.to_string()
+    }
 }
 
 fn result_name(k: Option<Kind>) -> &'static str {
@@ -90,6 +130,7 @@ pub fn check_dev(dev: &dyn ReadAt) -> (CheckReport, Option<Error>) {
         dirty_bytes: None,
         corrupt: vec![],
         duplicates: vec![],
+        epochs: None,
     };
     let finish = |mut rep: CheckReport, e: Option<Error>| {
         rep.result = result_name(e.as_ref().map(|e| e.kind));
@@ -116,6 +157,7 @@ pub fn check_dev(dev: &dyn ReadAt) -> (CheckReport, Option<Error>) {
     rep.dirty_bytes = Some(s.counts.dirty * sb.layout.block_bytes());
     rep.corrupt = s.corrupt.clone();
     rep.duplicates = s.duplicates.clone();
+    rep.epochs = Some(EpochReport::of(sb, &s));
     let e = if !s.corrupt.is_empty() {
         Some(Error::new(
             Kind::BadEntries,
@@ -128,14 +170,26 @@ pub fn check_dev(dev: &dyn ReadAt) -> (CheckReport, Option<Error>) {
             ),
         ))
     } else if !s.duplicates.is_empty() {
+        let which: Vec<String> = s
+            .duplicates
+            .iter()
+            .take(8)
+            .map(|d| dup_name(sb, d))
+            .collect();
         Some(Error::new(
             Kind::DuplicateDirty,
             format!(
-                "{name}: {} origin {} dirty in more than one slot (block{} {})",
+                "{name}: {} origin {} dirty in more than one slot{} (block{} {}{})",
                 s.duplicates.len(),
                 plural(s.duplicates.len() as u64, "block is", "blocks are"),
+                if sb.has_epochs() { " of one epoch" } else { "" },
                 if s.duplicates.len() == 1 { "" } else { "s" },
-                list_some(s.duplicates.iter().map(|d| d.block))
+                which.join(", "),
+                if s.duplicates.len() > 8 {
+                    format!(", ... ({} in all)", s.duplicates.len())
+                } else {
+                    String::new()
+                }
             ),
         ))
     } else if sb.failed() {
@@ -209,6 +263,42 @@ fn sb_lines(sb: &Superblock, o: &mut Vec<String>) {
     }
 }
 
+/// "3 live, oldest 17, newest 19 (...)": the epochs line of check.
+fn epochs_text(sb: &Superblock, e: &EpochReport) -> String {
+    if !sb.has_epochs() {
+        return format!(
+            "none in format version {} (its dirty entries read as epoch 0)",
+            sb.version
+        );
+    }
+    let (Some(oldest), Some(newest)) = (e.oldest, e.newest) else {
+        return format!(
+            "none live (no committed dirty entry; the superblock's lower bound: {})",
+            e.superblock
+        );
+    };
+    let chains = if e.versioned_blocks == 0 {
+        "no origin block dirty in several epochs".to_string()
+    } else {
+        format!(
+            "{} origin {} dirty in several epochs (the newest version is the data)",
+            e.versioned_blocks,
+            plural(e.versioned_blocks, "block", "blocks")
+        )
+    };
+    if e.live == 1 {
+        format!(
+            "1 live: {oldest} (the superblock's lower bound: {}); {chains}",
+            e.superblock
+        )
+    } else {
+        format!(
+            "{} live, oldest {oldest}, newest {newest} (the superblock's lower bound: {}); {chains}",
+            e.live, e.superblock
+        )
+    }
+}
+
 /// The text form of a check report.
 pub fn check_text(rep: &CheckReport) -> String {
     let mut o = vec![];
@@ -245,6 +335,9 @@ pub fn check_text(rep: &CheckReport) -> String {
             c.empty, c.foreign
         ));
     }
+    if let Some(e) = &rep.epochs {
+        o.push(format!("  epochs:      {}", epochs_text(sb, e)));
+    }
     for b in &rep.corrupt {
         o.push(format!(
             "  corrupt:     slot {}: {} (entry {})",
@@ -259,9 +352,14 @@ pub fn check_text(rep: &CheckReport) -> String {
             .map(|(s, q)| format!("slot {s} (seq {q})"))
             .collect();
         o.push(format!(
-            "  duplicate:   origin block {} is dirty in {}",
+            "  duplicate:   origin block {} is dirty in {}{}",
             d.block,
-            at.join(", ")
+            at.join(", "),
+            if sb.has_epochs() {
+                format!(", all of epoch {}", d.epoch)
+            } else {
+                String::new()
+            }
         ));
     }
     o.push(format!(
@@ -299,6 +397,7 @@ pub fn check(path: &str, json: bool, out: &mut dyn Write, err: &mut dyn Write) -
                 dirty_bytes: None,
                 corrupt: vec![],
                 duplicates: vec![],
+                epochs: None,
             };
             (rep, Some(e))
         }
@@ -389,6 +488,8 @@ struct EntryJson<'a> {
     state: EntryState,
     block: Option<u64>,
     seq: Option<u64>,
+    /// The absolute epoch of a dirty version.
+    epoch: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -400,6 +501,7 @@ struct SbJson<'a> {
     magic: &'static str,
     version: u32,
     generation: u32,
+    epoch: u64,
     commit_seq: u64,
     block_sectors: u32,
     nr_slots: u64,
@@ -418,6 +520,7 @@ fn sb_json(sb: &Superblock) -> SbJson<'_> {
         magic: disk::magic(),
         version: sb.version,
         generation: sb.generation,
+        epoch: sb.epoch,
         commit_seq: sb.commit_seq,
         block_sectors: l.block_sectors,
         nr_slots: l.nr_slots,
@@ -480,6 +583,14 @@ pub fn dump_dev(dev: &dyn ReadAt, json: bool, all: bool, out: &mut dyn Write) ->
             ("magic", disk::magic().to_string()),
             ("version", sb.version.to_string()),
             ("generation", format!("{:#010x}", sb.generation)),
+            (
+                "epoch",
+                if sb.has_epochs() {
+                    format!("{} (dirty entries are of this epoch or later)", sb.epoch)
+                } else {
+                    format!("{} (format version {}: no epochs)", sb.epoch, sb.version)
+                },
+            ),
             ("commit_seq", sb.commit_seq.to_string()),
             ("block_sectors", l.block_sectors.to_string()),
             ("nr_slots", l.nr_slots.to_string()),
@@ -506,8 +617,8 @@ pub fn dump_dev(dev: &dyn ReadAt, json: bool, all: bool, out: &mut dyn Write) ->
         );
         let _ = writeln!(
             out,
-            "  {:>10} {:>14} {:<11} {:>10}",
-            "SLOT", "ORIGIN BLOCK", "STATE", "SEQ"
+            "  {:>10} {:>14} {:<11} {:>10} {:>10}",
+            "SLOT", "ORIGIN BLOCK", "STATE", "SEQ", "EPOCH"
         );
     }
     let mut first = true;
@@ -524,6 +635,7 @@ pub fn dump_dev(dev: &dyn ReadAt, json: bool, all: bool, out: &mut dyn Write) ->
                 state: e.state,
                 block: e.block,
                 seq: e.seq,
+                epoch: e.epoch,
                 reason: corrupt.then(|| e.state.describe()),
                 raw: corrupt.then_some(rawhex.as_str()),
             };
@@ -544,11 +656,12 @@ pub fn dump_dev(dev: &dyn ReadAt, json: bool, all: bool, out: &mut dyn Write) ->
             };
             let _ = writeln!(
                 out,
-                "  {:>10} {:>14} {:<11} {:>10}{note}",
+                "  {:>10} {:>14} {:<11} {:>10} {:>10}{note}",
                 e.slot,
                 opt(e.block),
                 e.state.as_str(),
-                opt(e.seq)
+                opt(e.seq),
+                opt(e.epoch)
             );
         }
         first = false;
@@ -610,6 +723,94 @@ pub fn plan_runs(dirty: &[DirtyRef], block_bytes: u64, max_bytes: u64) -> Vec<Ru
     runs
 }
 
+/// The dirty versions of one epoch, as origin writes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EpochPlan {
+    pub epoch: u64,
+    pub runs: Vec<Run>,
+}
+
+impl EpochPlan {
+    pub fn blocks(&self) -> u64 {
+        self.runs.iter().map(|r| r.blocks.len() as u64).sum()
+    }
+}
+
+/// Plan the offline writeback of `versions`, sorted by epoch then origin
+/// block (`Survey::versions_to_write`): epoch by epoch, oldest first, and
+/// within an epoch runs of adjacent blocks of at most `max_bytes`
+/// (`plan_runs`): a run never joins two epochs.
+pub fn plan_writeback(versions: &[DirtyRef], block_bytes: u64, max_bytes: u64) -> Vec<EpochPlan> {
+    let mut out = vec![];
+    let mut i = 0;
+    while i < versions.len() {
+        let epoch = versions[i].epoch;
+        let mut j = i + 1;
+        while j < versions.len() && versions[j].epoch == epoch {
+            j += 1;
+        }
+        out.push(EpochPlan {
+            epoch,
+            runs: plan_runs(&versions[i..j], block_bytes, max_bytes),
+        });
+        i = j;
+    }
+    out
+}
+
+/// Write `plan` to `origin`: the runs of an epoch, then a sync of the
+/// origin (a flush), before the first write of the next epoch.  A power
+/// cut at any point leaves the origin holding every epoch before the one
+/// being written and some of that one's writes: a state the module's
+/// ordered writeback could have left too.  After the last epoch's sync,
+/// everything written is durable.
+pub fn write_plan(
+    cache: &dyn ReadAt,
+    origin: &dyn WriteAt,
+    sb: &Superblock,
+    plan: &[EpochPlan],
+) -> Result<()> {
+    let bb = sb.layout.block_bytes();
+    for ep in plan {
+        for r in &ep.runs {
+            let data = read_run(cache, sb, r)?;
+            origin.write_at(r.first_block() * bb, &data)?;
+        }
+        origin.sync()?;
+    }
+    Ok(())
+}
+
+/// "4 dirty blocks (16 KiB)", or "5 dirty versions of 3 origin blocks
+/// (20 KiB)" when some are dirty in several epochs.
+fn dirty_phrase(sum: &WritebackSummary) -> String {
+    if sum.origin_blocks == sum.blocks {
+        format!(
+            "{} dirty {} ({})",
+            sum.blocks,
+            plural(sum.blocks, "block", "blocks"),
+            fmt_bytes(sum.bytes)
+        )
+    } else {
+        format!(
+            "{} dirty versions of {} origin {} ({})",
+            sum.blocks,
+            sum.origin_blocks,
+            plural(sum.origin_blocks, "block", "blocks"),
+            fmt_bytes(sum.bytes)
+        )
+    }
+}
+
+/// "epoch 7" or "3 epochs, 5 to 9".
+fn epochs_note(plan: &[EpochPlan]) -> String {
+    match plan {
+        [] => "no epoch".to_string(),
+        [one] => format!("epoch {}", one.epoch),
+        [first, .., last] => format!("{} epochs, {} to {}", plan.len(), first.epoch, last.epoch),
+    }
+}
+
 /// "3-7, 9, 12-13".
 fn ranges(v: impl Iterator<Item = u64>) -> String {
     let mut out: Vec<String> = vec![];
@@ -657,7 +858,8 @@ fn read_run(cache: &dyn ReadAt, sb: &Superblock, run: &Run) -> Result<Vec<u8>> {
 }
 
 /// Rewrite the entries of `done` as clean (same block and seq, valid
-/// checksum), metadata block by metadata block, then make it durable.
+/// checksum, no epoch), metadata block by metadata block, then make it
+/// durable.
 fn mark_clean(cache: &Dev, sb: &Superblock, done: &[DirtyRef]) -> Result<()> {
     let l = &sb.layout;
     let per = disk::entries_per_mblock();
@@ -674,14 +876,12 @@ fn mark_clean(cache: &Dev, sb: &Superblock, done: &[DirtyRef]) -> Result<()> {
             let raw = &mut buf[k..k + disk::ENTRY_BYTES];
             // The entry must still be the one we wrote back (we hold the
             // device exclusively; this guards against our own mistakes).
-            let e = disk::decode_entry(
-                raw,
-                d.slot,
-                sb.origin_blocks(),
-                sb.commit_seq,
-                sb.generation,
-            );
-            if e.state != EntryState::Dirty || e.block != Some(d.block) || e.seq != Some(d.seq) {
+            let e = disk::decode_entry(raw, d.slot, sb);
+            if e.state != EntryState::Dirty
+                || e.block != Some(d.block)
+                || e.seq != Some(d.seq)
+                || e.epoch != Some(d.epoch)
+            {
                 return Err(Error::new(
                     Kind::Failure,
                     format!(
@@ -698,6 +898,7 @@ fn mark_clean(cache: &Dev, sb: &Superblock, done: &[DirtyRef]) -> Result<()> {
                 false,
                 d.seq,
                 sb.generation,
+                0,
             ));
             i += 1;
         }
@@ -709,9 +910,15 @@ fn mark_clean(cache: &Dev, sb: &Superblock, done: &[DirtyRef]) -> Result<()> {
 /// What an offline writeback did (or would do).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WritebackSummary {
+    /// Dirty versions written (block writes).
     pub blocks: u64,
+    /// Origin blocks written (fewer than `blocks` if some are dirty in
+    /// several epochs).
+    pub origin_blocks: u64,
     pub writes: u64,
     pub bytes: u64,
+    /// Epochs written, each followed by a sync of the origin.
+    pub epochs: u64,
     pub skipped_corrupt: u64,
     pub skipped_duplicate: u64,
 }
@@ -779,26 +986,36 @@ pub fn writeback(
         for d in &s.duplicates {
             let _ = writeln!(
                 err,
-                "tiercache: {cache_path}: origin block {} is dirty in slots {} (seqs {})",
+                "tiercache: {cache_path}: origin block {} is dirty in slots {} (seqs {}){}",
                 d.block,
                 ranges(d.slots.iter().copied()),
                 d.seqs
                     .iter()
                     .map(|x| x.to_string())
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
+                if sb.has_epochs() {
+                    format!(", all of epoch {}", d.epoch)
+                } else {
+                    String::new()
+                }
             );
         }
         if !force {
             return Err(Error::new(
                 Kind::DuplicateDirty,
                 format!(
-                    "{cache_path}: {} origin {} dirty in more than one slot (listed above): refusing to write back",
+                    "{cache_path}: {} origin {} dirty in more than one slot{} (listed above): refusing to write back",
                     s.duplicates.len(),
-                    plural(s.duplicates.len() as u64, "block is", "blocks are")
+                    plural(s.duplicates.len() as u64, "block is", "blocks are"),
+                    if sb.has_epochs() { " of one epoch" } else { "" }
                 ),
             )
-            .hint("the metadata does not say which copy is current; --force writes back every other block and leaves these as they are"));
+            .hint(if sb.has_epochs() {
+                "the metadata does not say which copy is current; --force writes back every other block and leaves these as they are (all their versions)"
+            } else {
+                "the metadata does not say which copy is current; --force writes back every other block and leaves these as they are"
+            }));
         }
         let _ = writeln!(
             err,
@@ -817,7 +1034,7 @@ pub fn writeback(
         ))
         .hint("give the origin device the cache was set up with"));
     }
-    let dirty = s.unique_dirty();
+    let dirty = s.versions_to_write();
     // Refused without --force; a dry run still lists what --force would
     // write, and is refused at the end.
     let mut refused = None;
@@ -844,11 +1061,13 @@ pub fn writeback(
         }
     }
     let bb = sb.layout.block_bytes();
-    let runs = plan_runs(&dirty, bb, MAX_WRITE_BYTES);
+    let plan = plan_writeback(&dirty, bb, MAX_WRITE_BYTES);
     let sum = WritebackSummary {
         blocks: dirty.len() as u64,
-        writes: runs.len() as u64,
+        origin_blocks: Survey::origin_blocks_of(&dirty),
+        writes: plan.iter().map(|e| e.runs.len() as u64).sum(),
         bytes: dirty.len() as u64 * bb,
+        epochs: plan.len() as u64,
         skipped_corrupt: s.corrupt.len() as u64,
         skipped_duplicate: s.duplicates.len() as u64,
     };
@@ -864,31 +1083,54 @@ pub fn writeback(
         );
         return Ok(sum);
     }
+    // Versions 1 and 2 have no epochs: one, 0, written and synced as before.
+    let by_epoch = sb.has_epochs();
     if dry_run {
         let _ = writeln!(
             out,
-            "{cache_path}{owner}: {} {} dirty {} ({}) to {origin_path} in {} {}:",
+            "{cache_path}{owner}: {} {} to {origin_path} in {} {}{}:",
             if refused.is_some() {
                 "marked failed: refused without --force, which would write"
             } else {
                 "would write"
             },
-            sum.blocks,
-            plural(sum.blocks, "block", "blocks"),
-            fmt_bytes(sum.bytes),
+            dirty_phrase(&sum),
             sum.writes,
-            plural(sum.writes, "write", "writes")
+            plural(sum.writes, "write", "writes"),
+            if by_epoch {
+                format!(
+                    ", epoch by epoch ({}, the origin synced after each)",
+                    epochs_note(&plan)
+                )
+            } else {
+                String::new()
+            }
         );
-        for r in &runs {
-            let b0 = r.first_block();
-            let _ = writeln!(
-                out,
-                "  origin blocks {} ({} at sector {}) from slots {}",
-                ranges(r.blocks.iter().map(|d| d.block)),
-                fmt_bytes(r.blocks.len() as u64 * bb),
-                b0 * sb.layout.block_sectors as u64,
-                ranges(r.blocks.iter().map(|d| d.slot))
-            );
+        let indent = if by_epoch { "    " } else { "  " };
+        for ep in &plan {
+            if by_epoch {
+                let n = ep.blocks();
+                let _ = writeln!(
+                    out,
+                    "  epoch {}: {n} {} ({}) in {} {}",
+                    ep.epoch,
+                    plural(n, "block", "blocks"),
+                    fmt_bytes(n * bb),
+                    ep.runs.len(),
+                    plural(ep.runs.len() as u64, "write", "writes")
+                );
+            }
+            for r in &ep.runs {
+                let b0 = r.first_block();
+                let _ = writeln!(
+                    out,
+                    "{indent}origin blocks {} ({} at sector {}) from slots {}",
+                    ranges(r.blocks.iter().map(|d| d.block)),
+                    fmt_bytes(r.blocks.len() as u64 * bb),
+                    b0 * sb.layout.block_sectors as u64,
+                    ranges(r.blocks.iter().map(|d| d.slot))
+                );
+            }
         }
         let _ = writeln!(out, "dry run: nothing written");
         return match refused {
@@ -896,11 +1138,11 @@ pub fn writeback(
             None => Ok(sum),
         };
     }
-    for r in &runs {
-        let data = read_run(&cache, &sb, r)?;
-        origin.write_at(r.first_block() * bb, &data)?;
-    }
-    origin.sync()?;
+    write_plan(&cache, &origin, &sb, &plan)?;
+    // Only once every epoch is on the origin: a crash before leaves the
+    // entries dirty, and a later writeback starts again from the oldest
+    // epoch, which passes through power-cut states again (each epoch
+    // rewritten in full over the ones before it).
     mark_clean(&cache, &sb, &dirty)?;
     // Read back: what was written must now decode as clean.
     let after = disk::survey(&cache, &sb)?;
@@ -922,12 +1164,18 @@ pub fn writeback(
     }
     let _ = writeln!(
         out,
-        "{origin_path}: wrote {} dirty {} ({}) from {cache_path}{owner} in {} {}; marked clean in its metadata",
-        sum.blocks,
-        plural(sum.blocks, "block", "blocks"),
-        fmt_bytes(sum.bytes),
+        "{origin_path}: wrote {} from {cache_path}{owner} in {} {}{}; marked clean in its metadata",
+        dirty_phrase(&sum),
         sum.writes,
-        plural(sum.writes, "write", "writes")
+        plural(sum.writes, "write", "writes"),
+        if by_epoch {
+            format!(
+                ", epoch by epoch ({}, the origin synced after each)",
+                epochs_note(&plan)
+            )
+        } else {
+            String::new()
+        }
     );
     if sum.skipped_corrupt + sum.skipped_duplicate > 0 {
         let _ = writeln!(

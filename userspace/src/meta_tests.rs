@@ -46,6 +46,7 @@ fn sb(commit_seq: u64) -> Superblock {
         version: disk::VERSION,
         generation: G,
         flags: 0,
+        epoch: 0,
     }
 }
 
@@ -97,7 +98,7 @@ fn check_consistent_image() {
     let (out, r) = run_check(&p);
     r.unwrap();
     for needle in [
-        "tiercache metadata, format version 2\n",
+        "tiercache metadata, format version 3\n",
         "uuid:        TIERCACHE-t",
         "origin:      8 MiB (16384 sectors, 2048 blocks)",
         "commit seq:  7",
@@ -120,7 +121,7 @@ fn check_consistent_image() {
     assert_eq!(v["counts"]["uncommitted"], 1);
     assert_eq!(v["superblock"]["commit_seq"], 7);
     assert_eq!(v["superblock"]["uuid"], "TIERCACHE-t");
-    assert_eq!(v["superblock"]["version"], 2);
+    assert_eq!(v["superblock"]["version"], 3);
     assert_eq!(v["superblock"]["generation"], G);
     assert_eq!(v["counts"]["foreign"], 0);
 }
@@ -158,7 +159,7 @@ fn check_exit_codes_per_corruption() {
     let mut img = image();
     let v = std::mem::offset_of!(ffi::tc_disk_sb, version);
     let c = std::mem::offset_of!(ffi::tc_disk_sb, csum);
-    img[v..v + 4].copy_from_slice(&3u32.to_le_bytes());
+    img[v..v + 4].copy_from_slice(&4u32.to_le_bytes());
     img[c..c + 4].fill(0);
     let crc = disk::crc(&img[..disk::SB_BYTES]);
     img[c..c + 4].copy_from_slice(&crc.to_le_bytes());
@@ -194,7 +195,7 @@ fn check_exit_codes_per_corruption() {
     // misdirected write, corrupt.
     let mut img = image();
     let o3 = entry_off(3);
-    img[o3..o3 + 32].copy_from_slice(&disk::encode_entry(4, 1, true, 1, G));
+    img[o3..o3 + 32].copy_from_slice(&disk::encode_entry(4, 1, true, 1, G, 0));
     let d = TempDir::new("slot");
     let (out, r) = run_check(&d.file("cache.img", &img));
     assert_eq!(r.unwrap_err().kind, Kind::BadEntries);
@@ -203,7 +204,7 @@ fn check_exit_codes_per_corruption() {
         "{out}"
     );
     // Another generation's entry in the wrong slot: foreign, not an error.
-    img[o3..o3 + 32].copy_from_slice(&disk::encode_entry(4, 1, true, 1, G - 1));
+    img[o3..o3 + 32].copy_from_slice(&disk::encode_entry(4, 1, true, 1, G - 1, 0));
     let (out, r) = run_check(&d.file("cache2.img", &img));
     r.unwrap();
     assert!(out.contains(" 1 foreign (of another"), "{out}");
@@ -227,9 +228,17 @@ fn check_exit_codes_per_corruption() {
     let (out, r) = run_check(&d.file("cache.img", &img));
     let e = r.unwrap_err();
     assert_eq!((e.kind, e.kind.exit_code()), (Kind::DuplicateDirty, 14));
-    assert!(e.msg.contains("(block 40)"), "{}", e.msg);
     assert!(
-        out.contains("origin block 40 is dirty in slot 8 (seq 7), slot 20 (seq 3)"),
+        e.msg.ends_with(
+            ": 1 origin block is dirty in more than one slot of one epoch (block 40 in epoch 0)"
+        ),
+        "{}",
+        e.msg
+    );
+    assert!(
+        out.contains(
+            "origin block 40 is dirty in slot 8 (seq 7), slot 20 (seq 3), all of epoch 0\n"
+        ),
         "{out}"
     );
 
@@ -287,7 +296,7 @@ fn dump_text_and_json() {
     dump(&p, false, false, &mut o, &mut vec![]).unwrap();
     let t = String::from_utf8(o).unwrap();
     assert!(t.contains("  commit_seq      7\n"), "{t}");
-    assert!(t.contains("  version         2\n"), "{t}");
+    assert!(t.contains("  version         3\n"), "{t}");
     assert!(t.contains("  generation      0x5eed0007\n"), "{t}");
     assert!(t.contains("  uuid            TIERCACHE-t\n"), "{t}");
     let rows: Vec<&str> = t
@@ -298,7 +307,11 @@ fn dump_text_and_json() {
     assert_eq!(rows.len(), 6, "{t}");
     assert_eq!(
         rows[0].split_whitespace().collect::<Vec<_>>(),
-        ["0", "11", "dirty", "5"]
+        ["0", "11", "dirty", "5", "0"]
+    );
+    assert_eq!(
+        rows[3].split_whitespace().collect::<Vec<_>>(),
+        ["8", "40", "dirty", "7", "0"]
     );
     assert!(
         rows[4].contains("bad_csum") && rows[4].contains("checksum mismatch"),
@@ -353,8 +366,10 @@ fn writeback_onto_a_file_origin() {
         sum,
         WritebackSummary {
             blocks: 4,
+            origin_blocks: 4,
             writes: 2, // 10-12 merged, 40 alone
             bytes: 16384,
+            epochs: 1,
             skipped_corrupt: 0,
             skipped_duplicate: 0
         }
@@ -378,7 +393,7 @@ fn writeback_onto_a_file_origin() {
     // The entries are clean now, with their seq, and a second run has
     // nothing to do.
     let cimg = std::fs::read(&cache).unwrap();
-    let e = disk::decode_entry(&cimg[entry_off(7)..entry_off(7) + 32], 7, 2048, 7, G);
+    let e = disk::decode_entry(&cimg[entry_off(7)..entry_off(7) + 32], 7, &sb(7));
     assert_eq!(
         (e.state, e.block, e.seq),
         (EntryState::Clean, Some(10), Some(7))
@@ -711,9 +726,11 @@ fn writeback_of_a_failed_cache_needs_force() {
             out,
             format!(
                 "{cache} (cache of TIERCACHE-t): marked failed: refused without --force, which would write \
-                 4 dirty blocks (16 KiB) to {origin} in 2 writes:\n\
-                 \x20 origin blocks 10-12 (12 KiB at sector 80) from slots 7, 0-1\n\
-                 \x20 origin blocks 40 (4 KiB at sector 320) from slots 8\n\
+                 4 dirty blocks (16 KiB) to {origin} in 2 writes, epoch by epoch (epoch 0, the origin \
+                 synced after each):\n\
+                 \x20 epoch 0: 4 blocks (16 KiB) in 2 writes\n\
+                 \x20   origin blocks 10-12 (12 KiB at sector 80) from slots 7, 0-1\n\
+                 \x20   origin blocks 40 (4 KiB at sector 320) from slots 8\n\
                  dry run: nothing written\n"
             )
         );
@@ -778,7 +795,7 @@ fn version_1_image_still_reads() {
     let (out, r) = run_check(&p);
     r.unwrap();
     for needle in [
-        "format version 1 (the module writes version 2 from its first commit)",
+        "format version 1 (the module writes version 3 from its first commit)",
         "generation:  0x00000000",
         "4 dirty (16 KiB), 1 clean, 1 uncommitted (ignored), 0 corrupt",
     ] {
@@ -803,7 +820,8 @@ fn version_1_image_still_reads() {
     assert_eq!(sum.blocks, 4);
     let after = std::fs::read(&p).unwrap();
     assert_eq!(after[..512], img[..512], "the superblock is not rewritten");
-    let e = disk::decode_entry(&after[entry_off(7)..entry_off(7) + 32], 7, 2048, 7, 0);
+    let v1 = disk::decode_sb(&after).1.unwrap();
+    let e = disk::decode_entry(&after[entry_off(7)..entry_off(7) + 32], 7, &v1);
     assert_eq!((e.state, e.block), (EntryState::Clean, Some(10)));
     assert_eq!(&after[entry_off(7) + 28..entry_off(7) + 32], &[0u8; 4]);
 }
@@ -836,7 +854,7 @@ fn garbage_in_the_entry_area_reads_as_empty() {
     let t = String::from_utf8(o).unwrap();
     assert!(
         t.lines()
-            .any(|r| r.split_whitespace().collect::<Vec<_>>() == ["0", "-", "foreign", "-"]),
+            .any(|r| r.split_whitespace().collect::<Vec<_>>() == ["0", "-", "foreign", "-", "-"]),
         "{t}"
     );
     let origin = d.file("origin.img", &origin_image());
@@ -858,7 +876,7 @@ fn previous_generation_entry_reads_as_empty() {
     let new = sb(1);
     img[..disk::SB_BYTES].copy_from_slice(&disk::encode_sb(&new));
     let o = entry_off(30);
-    img[o..o + 32].copy_from_slice(&disk::encode_entry(30, 99, true, 1, G));
+    img[o..o + 32].copy_from_slice(&disk::encode_entry(30, 99, true, 1, G, 0));
     let d30 = new.layout.slot_offset(30) as usize;
     img[d30..d30 + 4096].fill(fill(99));
     let d = TempDir::new("oldgen");
@@ -895,6 +913,588 @@ fn previous_generation_entry_reads_as_empty() {
     );
 }
 
+/// A version 3 image of superblock epoch 5 (the epoch bits wrap at
+/// 0x10000 + 5): blocks 10, 11 and 13 dirty in epoch 5, 12 in epoch 6,
+/// 40 in epoch 0x10004 (written as bits 0x0004); 41 clean; 500 dirty,
+/// uncommitted.  Slot data: block + epoch (mod 256).
+fn epoch_sb() -> Superblock {
+    Superblock { epoch: 5, ..sb(7) }
+}
+
+fn epoch_entries() -> Vec<(u64, u64, bool, u64, u64)> {
+    vec![
+        (0, 11, true, 5, 5),
+        (1, 12, true, 6, 6),
+        (7, 10, true, 7, 5),
+        (3, 13, true, 7, 5),
+        (8, 40, true, 7, 0x1_0004),
+        (9, 41, false, 7, 0),
+        (10, 500, true, 8, 6),
+    ]
+}
+
+fn epoch_fill(block: u64, epoch: u64) -> u8 {
+    (block + epoch) as u8
+}
+
+fn epoch_image() -> Vec<u8> {
+    disk::build_image_epochs(&epoch_sb(), CACHE_SECTORS, &epoch_entries(), epoch_fill)
+}
+
+/// An origin (in memory) that records its writes and syncs.
+struct RecOrigin {
+    data: std::cell::RefCell<Vec<u8>>,
+    /// (byte offset, length) of a write; None for a sync.
+    log: std::cell::RefCell<Vec<Option<(u64, usize)>>>,
+}
+
+impl RecOrigin {
+    fn new() -> RecOrigin {
+        RecOrigin {
+            data: std::cell::RefCell::new(origin_image()),
+            log: std::cell::RefCell::new(vec![]),
+        }
+    }
+}
+
+impl ReadAt for RecOrigin {
+    fn name(&self) -> &str {
+        "origin"
+    }
+    fn size_bytes(&self) -> u64 {
+        self.data.borrow().len() as u64
+    }
+    fn read_at(&self, off: u64, len: usize) -> Result<Vec<u8>> {
+        Ok(self.data.borrow()[off as usize..off as usize + len].to_vec())
+    }
+}
+
+impl disk::WriteAt for RecOrigin {
+    fn write_at(&self, off: u64, data: &[u8]) -> Result<()> {
+        self.data.borrow_mut()[off as usize..off as usize + data.len()].copy_from_slice(data);
+        self.log.borrow_mut().push(Some((off, data.len())));
+        Ok(())
+    }
+    fn sync(&self) -> Result<()> {
+        self.log.borrow_mut().push(None);
+        Ok(())
+    }
+    fn devno(&self) -> Option<(u32, u32)> {
+        None
+    }
+}
+
+/// Check that the writes of `log` go epoch by epoch, oldest first, with a
+/// sync between two epochs and after the last: whatever part of the
+/// writes since the last sync a power cut keeps, the origin holds every
+/// epoch before the one being written and a part of that one.  `epochs`
+/// is the epoch of each write, in write order.
+fn assert_power_cut_states(log: &[Option<(u64, usize)>], epochs: &[u64]) {
+    let mut last: Option<u64> = None;
+    let mut synced = true;
+    let mut k = 0;
+    for op in log {
+        match *op {
+            None => synced = true,
+            Some(_) => {
+                let e = epochs[k];
+                k += 1;
+                if let Some(l) = last {
+                    assert!(e >= l, "epoch {e} written after epoch {l}: {log:?}");
+                    assert!(
+                        e == l || synced,
+                        "epoch {e} without a sync after {l}: {log:?}"
+                    );
+                }
+                last = Some(e);
+                synced = false;
+            }
+        }
+    }
+    assert!(synced, "the last epoch is synced: {log:?}");
+    assert_eq!(k, epochs.len());
+}
+
+/// The epoch of each origin write of `plan`, in order.
+fn write_epochs(plan: &[EpochPlan]) -> Vec<u64> {
+    plan.iter()
+        .flat_map(|e| e.runs.iter().map(move |_| e.epoch))
+        .collect()
+}
+
+#[test]
+fn writeback_plan_goes_epoch_by_epoch() {
+    let m = disk::MemImage {
+        name: "cache".into(),
+        data: epoch_image(),
+    };
+    let sb = epoch_sb();
+    let s = disk::survey(&m, &sb).unwrap();
+    let v = s.versions_to_write();
+    let order: Vec<(u64, u64)> = v.iter().map(|d| (d.epoch, d.block)).collect();
+    assert_eq!(order, [(5, 10), (5, 11), (5, 13), (6, 12), (0x1_0004, 40)]);
+    let plan = plan_writeback(&v, 4096, MAX_WRITE_BYTES);
+    let shape: Vec<(u64, Vec<Vec<u64>>)> = plan
+        .iter()
+        .map(|e| {
+            (
+                e.epoch,
+                e.runs
+                    .iter()
+                    .map(|r| r.blocks.iter().map(|d| d.block).collect())
+                    .collect(),
+            )
+        })
+        .collect();
+    // 10-13 are adjacent, but 12 is of another epoch: no run joins epochs.
+    assert_eq!(
+        shape,
+        [
+            (5, vec![vec![10, 11], vec![13]]),
+            (6, vec![vec![12]]),
+            (0x1_0004, vec![vec![40]]),
+        ]
+    );
+    assert_eq!(epochs_note(&plan), "3 epochs, 5 to 65540");
+    assert_eq!(epochs_note(&plan[1..2]), "epoch 6");
+
+    let origin = RecOrigin::new();
+    write_plan(&m, &origin, &sb, &plan).unwrap();
+    let log = origin.log.borrow().clone();
+    assert_eq!(
+        log,
+        [
+            Some((10 * 4096, 8192)),
+            Some((13 * 4096, 4096)),
+            None,
+            Some((12 * 4096, 4096)),
+            None,
+            Some((40 * 4096, 4096)),
+            None
+        ]
+    );
+    assert_power_cut_states(&log, &write_epochs(&plan));
+    let got = origin.data.borrow();
+    for d in &v {
+        let o = (d.block * 4096) as usize;
+        assert!(got[o..o + 4096]
+            .iter()
+            .all(|&x| x == epoch_fill(d.block, d.epoch)));
+    }
+}
+
+#[test]
+fn writeback_by_epoch_onto_a_file_origin() {
+    let d = TempDir::new("wbep");
+    let cache = d.file("cache.img", &epoch_image());
+    let origin = d.file("origin.img", &origin_image());
+    // The dry run lists per epoch.
+    let mut out = vec![];
+    let sum = writeback(&cache, &origin, true, false, &mut out, &mut vec![]).unwrap();
+    assert_eq!((sum.blocks, sum.writes, sum.epochs), (5, 4, 3));
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        format!(
+            "{cache} (cache of TIERCACHE-t): would write 5 dirty blocks (20 KiB) to {origin} in 4 writes, \
+             epoch by epoch (3 epochs, 5 to 65540, the origin synced after each):\n\
+             \x20 epoch 5: 3 blocks (12 KiB) in 2 writes\n\
+             \x20   origin blocks 10-11 (8 KiB at sector 80) from slots 7, 0\n\
+             \x20   origin blocks 13 (4 KiB at sector 104) from slots 3\n\
+             \x20 epoch 6: 1 block (4 KiB) in 1 write\n\
+             \x20   origin blocks 12 (4 KiB at sector 96) from slots 1\n\
+             \x20 epoch 65540: 1 block (4 KiB) in 1 write\n\
+             \x20   origin blocks 40 (4 KiB at sector 320) from slots 8\n\
+             dry run: nothing written\n"
+        )
+    );
+    assert!(std::fs::read(&origin).unwrap() == origin_image());
+    // Written: each block holds its version, the entries are clean.
+    let mut out = vec![];
+    let sum = writeback(&cache, &origin, false, false, &mut out, &mut vec![]).unwrap();
+    assert_eq!((sum.blocks, sum.writes, sum.epochs), (5, 4, 3));
+    let out = String::from_utf8(out).unwrap();
+    assert!(
+        out.contains(
+            "wrote 5 dirty blocks (20 KiB) from {cache} (cache of TIERCACHE-t) in 4 writes, epoch by epoch \
+             (3 epochs, 5 to 65540, the origin synced after each); marked clean in its metadata"
+                .replace("{cache}", &cache)
+                .as_str()
+        ),
+        "{out}"
+    );
+    let got = std::fs::read(&origin).unwrap();
+    for (b, e) in [(10u64, 5u64), (11, 5), (12, 6), (13, 5), (40, 0x1_0004)] {
+        assert_eq!(got[(b * 4096) as usize], epoch_fill(b, e), "block {b}");
+    }
+    assert_eq!(got[41 * 4096], 0xee);
+    assert_eq!(got[500 * 4096], 0xee);
+    let mut o = vec![];
+    check(&cache, true, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(
+        (v["counts"]["dirty"].as_u64(), v["counts"]["clean"].as_u64()),
+        (Some(0), Some(6))
+    );
+}
+
+/// Versions of blocks in several epochs (superblock epoch 100): block 5
+/// in epochs 100, 101 and 103, block 6 in 100 and 101, block 7 in 102,
+/// block 8 clean.  Slot data: block + epoch.
+fn chain_entries() -> Vec<(u64, u64, bool, u64, u64)> {
+    vec![
+        (0, 5, true, 7, 103),
+        (1, 5, true, 5, 100),
+        (2, 6, true, 6, 101),
+        (3, 7, true, 7, 102),
+        (4, 5, true, 6, 101),
+        (5, 6, true, 5, 100),
+        (6, 8, false, 7, 0),
+    ]
+}
+
+fn chain_sb() -> Superblock {
+    Superblock {
+        epoch: 100,
+        ..sb(7)
+    }
+}
+
+#[test]
+fn check_applies_the_version_chain_rule() {
+    let d = TempDir::new("chains");
+    let img = disk::build_image_epochs(&chain_sb(), CACHE_SECTORS, &chain_entries(), epoch_fill);
+    let p = d.file("cache.img", &img);
+    let (out, r) = run_check(&p);
+    r.unwrap();
+    for needle in [
+        "  slots used:  7 of ",
+        ": 6 dirty (24 KiB), 1 clean,",
+        "  epochs:      4 live, oldest 100, newest 103 (the superblock's lower bound: 100); \
+         2 origin blocks dirty in several epochs (the newest version is the data)\n",
+        "result:      consistent",
+    ] {
+        assert!(out.contains(needle), "missing '{needle}' in\n{out}");
+    }
+    let mut o = vec![];
+    check(&p, true, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    let e = &v["epochs"];
+    assert_eq!(
+        (
+            e["superblock"].as_u64(),
+            e["live"].as_u64(),
+            e["oldest"].as_u64(),
+            e["newest"].as_u64()
+        ),
+        (Some(100), Some(4), Some(100), Some(103))
+    );
+    assert_eq!(e["versioned_blocks"], 2);
+    assert_eq!(
+        e["per_epoch"][1],
+        serde_json::json!({"epoch": 101, "dirty": 2})
+    );
+    assert_eq!(v["duplicates"], serde_json::json!([]));
+
+    // Block 6 twice in epoch 101: a duplicate (exit 14), named with its epoch.
+    let mut es = chain_entries();
+    es.push((20, 6, true, 4, 101));
+    let img2 = disk::build_image_epochs(&chain_sb(), CACHE_SECTORS, &es, epoch_fill);
+    let p2 = d.file("dup.img", &img2);
+    let (out, r) = run_check(&p2);
+    let e = r.unwrap_err();
+    assert_eq!(e.kind, Kind::DuplicateDirty);
+    assert!(
+        e.msg.ends_with(
+            "1 origin block is dirty in more than one slot of one epoch (block 6 in epoch 101)"
+        ),
+        "{}",
+        e.msg
+    );
+    assert!(
+        out.contains("  duplicate:   origin block 6 is dirty in slot 2 (seq 6), slot 20 (seq 4), all of epoch 101\n"),
+        "{out}"
+    );
+    let mut o = vec![];
+    check(&p2, true, &mut o, &mut vec![]).unwrap_err();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(
+        v["duplicates"],
+        serde_json::json!([{"block": 6, "epoch": 101, "slots": [2, 20], "seqs": [6, 4]}])
+    );
+
+    // The same chains in a version 2 cache: every epoch 0 there, so any two
+    // dirty entries of one block are a duplicate, as before.
+    let v2 = Superblock {
+        version: disk::VERSION_V2,
+        ..sb(7)
+    };
+    let es: Vec<(u64, u64, bool, u64)> = chain_entries()
+        .iter()
+        .map(|&(s, b, d, q, _)| (s, b, d, q))
+        .collect();
+    let (out, r) = run_check(&d.file("v2.img", &build_image(&v2, CACHE_SECTORS, &es, fill)));
+    let e = r.unwrap_err();
+    assert!(
+        e.msg
+            .ends_with(": 2 origin blocks are dirty in more than one slot (blocks 5, 6)"),
+        "{}",
+        e.msg
+    );
+    assert!(
+        out.contains(
+            "  epochs:      none in format version 2 (its dirty entries read as epoch 0)\n"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("origin block 5 is dirty in slot 0 (seq 7), slot 1 (seq 5), slot 4 (seq 6)\n"),
+        "{out}"
+    );
+
+    // Nothing dirty: no live epoch.
+    let (out, _) = run_check(&d.file(
+        "clean.img",
+        &disk::build_image_epochs(
+            &chain_sb(),
+            CACHE_SECTORS,
+            &[(6, 8, false, 7, 0)],
+            epoch_fill,
+        ),
+    ));
+    assert!(out.contains("  epochs:      none live (no committed dirty entry; the superblock's lower bound: 100)\n"), "{out}");
+}
+
+#[test]
+fn writeback_of_version_chains() {
+    let img = disk::build_image_epochs(&chain_sb(), CACHE_SECTORS, &chain_entries(), epoch_fill);
+    let m = disk::MemImage {
+        name: "cache".into(),
+        data: img.clone(),
+    };
+    let sb = chain_sb();
+    let s = disk::survey(&m, &sb).unwrap();
+    let v = s.versions_to_write();
+    let plan = plan_writeback(&v, 4096, MAX_WRITE_BYTES);
+    let shape: Vec<(u64, Vec<(u64, u64)>)> = plan
+        .iter()
+        .map(|e| {
+            (
+                e.epoch,
+                e.runs
+                    .iter()
+                    .map(|r| (r.first_block(), r.blocks.len() as u64))
+                    .collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (100, vec![(5, 2)]),
+            (101, vec![(5, 2)]),
+            (102, vec![(7, 1)]),
+            (103, vec![(5, 1)])
+        ]
+    );
+    let origin = RecOrigin::new();
+    write_plan(&m, &origin, &sb, &plan).unwrap();
+    let log = origin.log.borrow().clone();
+    assert_power_cut_states(&log, &write_epochs(&plan));
+    assert_eq!(
+        log.iter().filter(|o| o.is_none()).count(),
+        4,
+        "a sync per epoch"
+    );
+    // The newest version of each block is what the origin holds.
+    let got = origin.data.borrow().clone();
+    for (b, e) in [(5u64, 103u64), (6, 101), (7, 102)] {
+        assert_eq!(got[(b * 4096) as usize], epoch_fill(b, e), "block {b}");
+    }
+    assert_eq!(got[8 * 4096], 0xee);
+
+    // Through the command: a dry run, then the writeback; the summary
+    // counts versions and origin blocks apart.
+    let d = TempDir::new("wbchain");
+    let cache = d.file("cache.img", &img);
+    let originp = d.file("origin.img", &origin_image());
+    let mut out = vec![];
+    let sum = writeback(&cache, &originp, true, false, &mut out, &mut vec![]).unwrap();
+    assert_eq!(
+        (sum.blocks, sum.origin_blocks, sum.writes, sum.epochs),
+        (6, 3, 4, 4)
+    );
+    let out = String::from_utf8(out).unwrap();
+    assert!(
+        out.contains(": would write 6 dirty versions of 3 origin blocks (24 KiB) to "),
+        "{out}"
+    );
+    assert!(out.contains("  epoch 101: 2 blocks (8 KiB) in 1 write\n    origin blocks 5-6 (8 KiB at sector 40) from slots 4, 2\n"), "{out}");
+    let mut out = vec![];
+    writeback(&cache, &originp, false, false, &mut out, &mut vec![]).unwrap();
+    assert!(String::from_utf8(out)
+        .unwrap()
+        .contains(": wrote 6 dirty versions of 3 origin blocks (24 KiB) from "));
+    assert!(std::fs::read(&originp).unwrap() == got);
+    let mut o = vec![];
+    check(&cache, true, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(
+        (v["counts"]["dirty"].as_u64(), v["epochs"]["live"].as_u64()),
+        (Some(0), Some(0))
+    );
+
+    // A duplicate in one epoch: refused; --force leaves every version of
+    // that block as it is and writes the others, epoch by epoch.
+    let mut es = chain_entries();
+    es.push((20, 6, true, 4, 101));
+    let cache = d.file(
+        "dup.img",
+        &disk::build_image_epochs(&chain_sb(), CACHE_SECTORS, &es, epoch_fill),
+    );
+    let originp = d.file("origin2.img", &origin_image());
+    let mut err = vec![];
+    let e = writeback(&cache, &originp, false, false, &mut vec![], &mut err).unwrap_err();
+    assert_eq!(e.kind, Kind::DuplicateDirty);
+    assert!(
+        e.msg
+            .contains("dirty in more than one slot of one epoch (listed above)"),
+        "{}",
+        e.msg
+    );
+    assert!(String::from_utf8(err)
+        .unwrap()
+        .contains("origin block 6 is dirty in slots 2, 20 (seqs 6, 4), all of epoch 101\n"));
+    let sum = writeback(&cache, &originp, false, true, &mut vec![], &mut vec![]).unwrap();
+    assert_eq!(
+        (
+            sum.blocks,
+            sum.origin_blocks,
+            sum.epochs,
+            sum.skipped_duplicate
+        ),
+        (4, 2, 4, 1)
+    );
+    let got = std::fs::read(&originp).unwrap();
+    assert_eq!(
+        (got[5 * 4096], got[6 * 4096], got[7 * 4096]),
+        (epoch_fill(5, 103), 0xee, epoch_fill(7, 102))
+    );
+}
+
+#[test]
+fn dump_shows_the_epochs() {
+    let d = TempDir::new("dumpep");
+    let p = d.file("cache.img", &epoch_image());
+    let mut o = vec![];
+    dump(&p, false, false, &mut o, &mut vec![]).unwrap();
+    let t = String::from_utf8(o).unwrap();
+    assert!(
+        t.contains("  epoch           5 (dirty entries are of this epoch or later)\n"),
+        "{t}"
+    );
+    assert!(t.contains("SEQ      EPOCH\n"), "{t}");
+    let rows: Vec<Vec<&str>> = t
+        .lines()
+        .skip_while(|l| !l.contains("SLOT"))
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    // Absolute epochs, across the wrap of the 16 bits (40: bits 0x0004,
+    // epoch 0x10004); none for a clean entry; an uncommitted one's too.
+    assert_eq!(
+        rows,
+        [
+            vec!["0", "11", "dirty", "5", "5"],
+            vec!["1", "12", "dirty", "6", "6"],
+            vec!["3", "13", "dirty", "7", "5"],
+            vec!["7", "10", "dirty", "7", "5"],
+            vec!["8", "40", "dirty", "7", "65540"],
+            vec!["9", "41", "clean", "7", "-"],
+            vec![
+                "10",
+                "500",
+                "uncommitted",
+                "8",
+                "6",
+                "ignored:",
+                "newer",
+                "than",
+                "commit",
+                "7"
+            ],
+        ]
+    );
+    let mut o = vec![];
+    dump(&p, true, false, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(v["superblock"]["epoch"], 5);
+    let es = v["entries"].as_array().unwrap();
+    assert_eq!(
+        (es[4]["block"].as_u64(), es[4]["epoch"].as_u64()),
+        (Some(40), Some(0x1_0004))
+    );
+    assert!(es[5]["epoch"].is_null());
+
+    // Epoch bits in a version 2 cache: invalid flags, shown with no epoch.
+    let v2 = Superblock {
+        version: disk::VERSION_V2,
+        ..sb(7)
+    };
+    let mut img = epoch_image();
+    img[..disk::SB_BYTES].copy_from_slice(&disk::encode_sb(&v2));
+    let p = d.file("v2.img", &img);
+    let mut o = vec![];
+    dump(&p, false, false, &mut o, &mut vec![]).unwrap();
+    let t = String::from_utf8(o).unwrap();
+    assert!(
+        t.contains("  epoch           0 (format version 2: no epochs)\n"),
+        "{t}"
+    );
+    assert!(
+        t.lines()
+            .any(|l| l.split_whitespace().take(5).collect::<Vec<_>>()
+                == ["1", "-", "bad_flags", "-", "-"]),
+        "{t}"
+    );
+}
+
+#[test]
+fn writeback_of_a_version_2_cache_lists_no_epochs() {
+    let v2 = Superblock {
+        version: disk::VERSION_V2,
+        ..sb(7)
+    };
+    let d = TempDir::new("wbv2");
+    let cache = d.file(
+        "cache.img",
+        &build_image(&v2, CACHE_SECTORS, &entries(), fill),
+    );
+    let origin = d.file("origin.img", &origin_image());
+    let mut out = vec![];
+    let sum = writeback(&cache, &origin, true, false, &mut out, &mut vec![]).unwrap();
+    assert_eq!((sum.blocks, sum.writes, sum.epochs), (4, 2, 1));
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        format!(
+            "{cache} (cache of TIERCACHE-t): would write 4 dirty blocks (16 KiB) to {origin} in 2 writes:\n\
+             \x20 origin blocks 10-12 (12 KiB at sector 80) from slots 7, 0-1\n\
+             \x20 origin blocks 40 (4 KiB at sector 320) from slots 8\n\
+             dry run: nothing written\n"
+        )
+    );
+    let mut out = vec![];
+    writeback(&cache, &origin, false, false, &mut out, &mut vec![]).unwrap();
+    let out = String::from_utf8(out).unwrap();
+    assert!(
+        out.ends_with(" in 2 writes; marked clean in its metadata\n"),
+        "{out}"
+    );
+    // The superblock stays version 2; the entries are clean.
+    let after = std::fs::read(&cache).unwrap();
+    assert_eq!(disk::decode_sb(&after).1.unwrap().version, 2);
+    assert_eq!(std::fs::read(&origin).unwrap()[12 * 4096], fill(12));
+}
+
 #[test]
 fn runs_merge_adjacent_blocks_up_to_the_limit() {
     let refs: Vec<DirtyRef> = [1u64, 2, 3, 4, 5, 9, 10]
@@ -904,6 +1504,7 @@ fn runs_merge_adjacent_blocks_up_to_the_limit() {
             block: b,
             slot: 100 - i as u64,
             seq: 1,
+            epoch: 0,
         })
         .collect();
     let runs = plan_runs(&refs, 4096, 3 * 4096);

@@ -782,19 +782,30 @@ impl<'a> Ctx<'a> {
             );
         }
         if !v.duplicates.is_empty() {
+            let epochs = sbr.sb.as_ref().is_some_and(|sb| sb.has_epochs());
             let which: Vec<String> = v
                 .duplicates
                 .iter()
                 .take(5)
-                .map(|d| format!("block {} in slots {:?}", d.block, d.slots))
+                .map(|d| {
+                    if epochs {
+                        format!(
+                            "block {} in slots {:?}, all of epoch {}",
+                            d.block, d.slots, d.epoch
+                        )
+                    } else {
+                        format!("block {} in slots {:?}", d.block, d.slots)
+                    }
+                })
                 .collect();
             return Some(
                 Error::new(
                     Kind::DuplicateDirty,
                     format!(
-                        "{}: the kernel refused to load cache {}: origin blocks dirty in several slots ({})",
+                        "{}: the kernel refused to load cache {}: origin blocks dirty in several slots{} ({})",
                         s.name,
                         s.cache,
+                        if epochs { " of one epoch" } else { "" },
                         which.join("; ")
                     ),
                 )
@@ -1295,6 +1306,12 @@ impl<'a> Ctx<'a> {
             "error_name": if s.error != 0 { Some(crate::error::errno_name(s.error)) } else { None },
             "failed": s.failed_errno().is_some(),
             "cache_failed_name": s.failed_errno().map(crate::error::errno_name),
+            "epochs": s.epochs().map(|(oldest, current)| serde_json::json!({
+                "origin_holds_before": oldest,
+                "oldest": oldest,
+                "current": current,
+                "live": current - oldest + 1,
+            })),
         })
     }
 
@@ -1439,6 +1456,9 @@ impl<'a> Ctx<'a> {
                     )
                 }
             );
+        }
+        if let Some((oldest, current)) = s.epochs() {
+            o += &format!("  epochs:     {}\n", epochs_line(oldest, current));
         }
         let tun: Vec<String> = cd
             .table
@@ -1972,11 +1992,20 @@ impl<'a> Ctx<'a> {
                 "{name}: the cache device {cache_name} is not reported failed; abandoning it anyway (--force): {loss}"
             ),
         }
+        if let Some(note) = abandon_epochs_note(st) {
+            outln!(self, "{name}: {note}");
+        }
         if !yes {
             let what = if st.dirty_blocks == 0 {
                 "its cache (it holds no dirty blocks)".to_string()
             } else {
-                format!("its cache and lose its {}", dirty(st.dirty_blocks))
+                format!(
+                    "its cache and lose its {}{}",
+                    dirty(st.dirty_blocks),
+                    lost_epochs(st)
+                        .map(|e| format!(", {e}"))
+                        .unwrap_or_default()
+                )
             };
             self.confirm_abandon(name, &what)?;
         }
@@ -1991,8 +2020,8 @@ impl<'a> Ctx<'a> {
         }
         // Suspended: nothing changes any more.  What was confirmed must
         // still hold; what is dirty now is what is lost.
-        let lost = match self.recheck_abandon(&cd, force) {
-            Ok(s) => s.dirty_blocks,
+        let (lost, lost_in) = match self.recheck_abandon(&cd, force) {
+            Ok(s) => (s.dirty_blocks, lost_epochs(&s)),
             Err(e) => {
                 let _ = self.dm.clear_inactive(name);
                 return Err(match self.dm.resume(name) {
@@ -2030,7 +2059,10 @@ impl<'a> Ctx<'a> {
         let lost_note = if lost == 0 {
             "no dirty blocks lost".to_string()
         } else {
-            format!("{} lost", dirty(lost))
+            match lost_in {
+                Some(e) => format!("{} lost, {e}", dirty(lost)),
+                None => format!("{} lost", dirty(lost)),
+            }
         };
         let mark_note = match &mark {
             Ok(note) => note.as_str(),
@@ -2489,6 +2521,44 @@ impl<'a> Ctx<'a> {
             )),
             None => Ok(()),
         }
+    }
+}
+
+/// The epochs of the dirty blocks an abandon loses: "of epochs 17 to 19",
+/// "of epoch 19"; None without status fields 24-25 or dirty blocks.
+fn lost_epochs(s: &Status) -> Option<String> {
+    let (oldest, current) = s.epochs().filter(|_| s.dirty_blocks > 0)?;
+    Some(if oldest == current {
+        format!("of epoch {oldest}")
+    } else {
+        format!("of epochs {oldest} to {current}")
+    })
+}
+
+/// What the origin holds once the cache is abandoned, by the epochs
+/// (status fields 24-25): every epoch before the oldest with dirty
+/// blocks, entirely.  None without the fields or without dirty blocks
+/// (then the origin holds every write).
+fn abandon_epochs_note(s: &Status) -> Option<String> {
+    let (oldest, _) = s.epochs()?;
+    let lost = lost_epochs(s)?;
+    Some(if oldest == 0 {
+        format!("the origin holds no epoch entirely: the dirty blocks lost are {lost}")
+    } else {
+        format!(
+            "the origin holds every write completed before the flush that opened epoch {oldest} was issued \
+             (epochs up to {} entirely); the dirty blocks lost are {lost}",
+            oldest - 1
+        )
+    })
+}
+
+/// "origin holds all before 17, live 17..19": status fields 24 and 25.
+fn epochs_line(oldest: u64, current: u64) -> String {
+    if oldest == current {
+        format!("origin holds all before {oldest}, live {current}")
+    } else {
+        format!("origin holds all before {oldest}, live {oldest}..{current}")
     }
 }
 

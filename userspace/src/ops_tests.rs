@@ -90,6 +90,7 @@ impl Meta {
             version: disk::VERSION,
             generation: self.generation,
             flags: self.flags,
+            epoch: 0,
         };
         let mut v = vec![0u8; (layout.meta_end_sector() * 512) as usize];
         v[..disk::SB_BYTES].copy_from_slice(&disk::encode_sb(&sb));
@@ -101,6 +102,7 @@ impl Meta {
                 dirty,
                 seq,
                 self.generation,
+                0,
             ));
         }
         v
@@ -547,6 +549,51 @@ fn status_text_and_json() {
     assert_eq!(v[0]["status"]["flush_state"], "idle");
     assert_eq!(v[0]["status"]["mode"], "writeback");
     assert_eq!(v[0]["table"]["block_size"], 8);
+}
+
+#[test]
+fn status_shows_the_epochs() {
+    let t = T::new();
+    t.cached("c", 12);
+    // A module without epochs: no line, null in JSON.
+    t.ctx().status(&["c".into()], false).unwrap();
+    assert!(!t.out.text().contains("epochs:"), "{}", t.out.text());
+    t.dm.with("c", |d| d.sim.as_mut().unwrap().epochs = Some((17, 19)));
+    t.ctx().status(&["c".into()], false).unwrap();
+    let o = t.out.text();
+    assert!(
+        o.contains("\n  epochs:     origin holds all before 17, live 17..19\n"),
+        "{o}"
+    );
+    assert!(!o.contains("newer module"), "{o}");
+    t.dm.with("c", |d| d.sim.as_mut().unwrap().epochs = Some((19, 19)));
+    t.ctx().status(&["c".into()], false).unwrap();
+    assert!(
+        t.out
+            .text()
+            .contains("\n  epochs:     origin holds all before 19, live 19\n"),
+        "{}",
+        t.out.text()
+    );
+
+    let t = T::new();
+    t.cached("c", 12);
+    t.cached("d", 0);
+    t.dm.with("c", |d| d.sim.as_mut().unwrap().epochs = Some((17, 19)));
+    t.ctx().status(&[], true).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&t.out.text()).unwrap();
+    assert_eq!(
+        (
+            v[0]["status"]["epoch_oldest"].as_u64(),
+            v[0]["status"]["epoch_current"].as_u64()
+        ),
+        (Some(17), Some(19))
+    );
+    assert_eq!(
+        v[0]["epochs"],
+        serde_json::json!({"origin_holds_before": 17, "oldest": 17, "current": 19, "live": 3})
+    );
+    assert!(v[1]["epochs"].is_null() && v[1]["status"]["epoch_oldest"].is_null());
 }
 
 #[test]
@@ -1011,6 +1058,60 @@ fn abandon_swaps_to_linear_without_flushing() {
         .abandon("slow", DetachCache::Split, true, false)
         .unwrap_err();
     assert_eq!(e.kind, Kind::NotFound);
+}
+
+#[test]
+fn abandon_names_the_epoch_the_origin_holds() {
+    let t = T::new();
+    t.cached("c", 7);
+    t.image("/dev/fast", &Meta::new("c", FAST, SLOW).dirty(7));
+    fail_cache(&t, "c", 7, -5);
+    t.dm.with("c", |d| d.sim.as_mut().unwrap().epochs = Some((17, 19)));
+    t.host.stdin_tty.set(true);
+    t.host.stdin.borrow_mut().push_back("c".into());
+    t.ctx()
+        .abandon("c", DetachCache::Split, false, false)
+        .unwrap();
+    let o = t.out.text();
+    let lines: Vec<&str> = o.lines().collect();
+    assert_eq!(
+        lines[..2],
+        [
+            "c: the cache device dev8:32 FAILED (error -5, EIO (Input/output error)); abandoning it: \
+             its 7 dirty blocks (28 KiB) are lost: those blocks will read as the origin's older data",
+            "c: the origin holds every write completed before the flush that opened epoch 17 was issued \
+             (epochs up to 16 entirely); the dirty blocks lost are of epochs 17 to 19"
+        ],
+        "{o}"
+    );
+    assert!(
+        o.contains("c: cache abandoned: /dev/mapper/c now maps dev8:16 directly; 7 dirty blocks (28 KiB) lost, of epochs 17 to 19; "),
+        "{o}"
+    );
+    // The question says it too.
+    assert_eq!(
+        t.err.text(),
+        "Type the device name (c) to abandon its cache and lose its 7 dirty blocks (28 KiB), of epochs 17 to 19: "
+    );
+
+    // One epoch; epoch 0 (the origin holds none entirely); nothing dirty
+    // (nothing to say: the origin holds every write); no fields.
+    for (epochs, dirty, want) in [
+        (Some((19, 19)), 7, Some("c: the origin holds every write completed before the flush that opened epoch 19 was issued (epochs up to 18 entirely); the dirty blocks lost are of epoch 19")),
+        (Some((0, 3)), 7, Some("c: the origin holds no epoch entirely: the dirty blocks lost are of epochs 0 to 3")),
+        (Some((5, 5)), 0, None),
+        (None, 7, None),
+    ] {
+        let t = T::new();
+        t.cached("c", dirty);
+        t.image("/dev/fast", &Meta::new("c", FAST, SLOW).dirty(dirty));
+        fail_cache(&t, "c", dirty, -5);
+        t.dm.with("c", |d| d.sim.as_mut().unwrap().epochs = epochs);
+        t.ctx().abandon("c", DetachCache::Split, true, false).unwrap();
+        let o = t.out.text();
+        let note = o.lines().find(|l| l.contains("epoch"));
+        assert_eq!(note, want, "{epochs:?} {dirty}: {o}");
+    }
 }
 
 #[test]
@@ -2284,5 +2385,11 @@ fn a_refused_load_is_explained_from_the_entries() {
     t.image("/dev/fast", &m);
     let e = create_line(&t, false).unwrap_err();
     assert_eq!(e.kind, Kind::DuplicateDirty);
-    assert!(e.msg.contains("block 1000 in slots [0, 9]"), "{}", e.msg);
+    assert!(
+        e.msg.contains(
+            "origin blocks dirty in several slots of one epoch (block 1000 in slots [0, 9], all of epoch 0)"
+        ),
+        "{}",
+        e.msg
+    );
 }

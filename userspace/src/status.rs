@@ -5,12 +5,14 @@
 //! parser therefore requires at least the 20 fields every module prints,
 //! checks each of them strictly (a field it cannot decode is an error naming
 //! the field number, its name and the offending text), decodes the two
-//! metadata fields (21-22) when the module prints them, and the failed
-//! state (23) when it prints that, just as strictly; `None` stands for a
-//! field an older module does not print.  Any further fields are kept
-//! verbatim in `extra` without being interpreted (so is a lone 21st field:
-//! the metadata fields come as a pair).  Fewer than 20 fields, an unknown
-//! mode or flush state, or a malformed number is rejected.
+//! metadata fields (21-22) when the module prints them, the failed state
+//! (23) when it prints that, and the two epoch fields (24-25) when it
+//! prints those, just as strictly; `None` stands for a field an older
+//! module does not print.  Any further fields are kept verbatim in `extra`
+//! without being interpreted (so is a lone 21st or 24th field: the
+//! metadata fields and the epoch fields come as pairs).  Fewer than 20
+//! fields, an unknown mode or flush state, a malformed number, or an
+//! oldest epoch above the current one is rejected.
 
 use serde::Serialize;
 use std::fmt;
@@ -25,6 +27,8 @@ pub const NR_FIELDS: usize = 20;
 pub const NR_FIELDS_META: usize = 22;
 /// Fields with the failed state (23 cache_failed).
 pub const NR_FIELDS_FAILED: usize = 23;
+/// Fields with the epochs (24 epoch_oldest, 25 epoch_current).
+pub const NR_FIELDS_EPOCHS: usize = 25;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -134,12 +138,18 @@ pub struct Status {
     /// 0 or the negative errno of the cache device error that latched the
     /// failed state (23; None from a module without it).
     pub cache_failed: Option<i32>,
+    /// The oldest epoch that still has dirty blocks, or `epoch_current` if
+    /// none: the origin holds every epoch before it entirely (24; None
+    /// from a module without epochs).
+    pub epoch_oldest: Option<u64>,
+    /// The open epoch: writes now go to it (25).
+    pub epoch_current: Option<u64>,
     /// Fields after the last one decoded, from a newer module; kept, not
     /// interpreted.
     pub extra: Vec<String>,
 }
 
-const FIELD_NAMES: [&str; NR_FIELDS_FAILED] = [
+const FIELD_NAMES: [&str; NR_FIELDS_EPOCHS] = [
     "mode",
     "block_size",
     "used/total",
@@ -163,6 +173,8 @@ const FIELD_NAMES: [&str; NR_FIELDS_FAILED] = [
     "meta_commits",
     "meta_error",
     "cache_failed",
+    "epoch_oldest",
+    "epoch_current",
 ];
 
 fn kerr(msg: String) -> Error {
@@ -264,7 +276,22 @@ impl Status {
         } else {
             None
         };
+        let (epoch_oldest, epoch_current) = if f.len() >= NR_FIELDS_EPOCHS {
+            let oldest = num_u64(23, f[23])?;
+            let current = num_u64(24, f[24])?;
+            if oldest > current {
+                return Err(field_err(
+                    23,
+                    f[23],
+                    &format!("above epoch_current ({current})"),
+                ));
+            }
+            (Some(oldest), Some(current))
+        } else {
+            (None, None)
+        };
         let decoded = match f.len() {
+            n if n >= NR_FIELDS_EPOCHS => NR_FIELDS_EPOCHS,
             n if n >= NR_FIELDS_FAILED => NR_FIELDS_FAILED,
             n if n >= NR_FIELDS_META => NR_FIELDS_META,
             _ => NR_FIELDS,
@@ -294,6 +321,8 @@ impl Status {
             meta_commits,
             meta_error,
             cache_failed,
+            epoch_oldest,
+            epoch_current,
             extra: f[decoded..].iter().map(|s| s.to_string()).collect(),
         })
     }
@@ -349,6 +378,11 @@ impl Status {
     /// if the module reports one.
     pub fn failed_errno(&self) -> Option<i32> {
         self.cache_failed.filter(|&e| e != 0)
+    }
+    /// (oldest, current) epochs, if the module reports them: the origin
+    /// holds every epoch before `oldest`; `oldest..=current` are live.
+    pub fn epochs(&self) -> Option<(u64, u64)> {
+        self.epoch_oldest.zip(self.epoch_current)
     }
     pub fn used_pct(&self) -> f64 {
         self.used_blocks as f64 * 100.0 / self.total_blocks as f64
@@ -504,6 +538,62 @@ mod tests {
     }
 
     #[test]
+    fn epochs_when_present() {
+        // 23 fields: no epochs.
+        let s = Status::parse_params(&format!("{} 17 0 0", params(&[]))).unwrap();
+        assert_eq!(
+            (s.epoch_oldest, s.epoch_current, s.epochs()),
+            (None, None, None)
+        );
+        // 25 fields.
+        let s = Status::parse_params(&format!("{} 17 0 0 12 15", params(&[]))).unwrap();
+        assert_eq!(s.epochs(), Some((12, 15)));
+        assert!(s.extra.is_empty());
+        let s = Status::parse_params(&format!("{} 17 0 -5 7 7", params(&[]))).unwrap();
+        assert_eq!((s.failed_errno(), s.epochs()), (Some(-5), Some((7, 7))));
+        let big = format!("{} 17 0 0 0 18446744073709551615", params(&[]));
+        assert_eq!(
+            Status::parse_params(&big).unwrap().epochs(),
+            Some((0, u64::MAX))
+        );
+        // A lone 24th field is not half of the pair: kept, not decoded.
+        let s = Status::parse_params(&format!("{} 17 0 0 12", params(&[]))).unwrap();
+        assert_eq!(
+            (s.epochs(), s.extra.clone()),
+            (None, vec!["12".to_string()])
+        );
+        // More: kept.
+        let s = Status::parse_params(&format!("{} 17 0 0 12 15 x", params(&[]))).unwrap();
+        assert_eq!(
+            (s.epochs(), s.extra),
+            (Some((12, 15)), vec!["x".to_string()])
+        );
+        // Malformed, as strictly as the other counters.
+        for (bad, idx, name) in [
+            ("-1 5", 24, "epoch_oldest"),
+            ("1.0 5", 24, "epoch_oldest"),
+            ("1 x", 25, "epoch_current"),
+            ("1 +5", 25, "epoch_current"),
+            ("1 18446744073709551616", 25, "epoch_current"),
+        ] {
+            let e = Status::parse_params(&format!("{} 17 0 0 {bad}", params(&[]))).unwrap_err();
+            assert_eq!(e.kind, Kind::Kernel);
+            assert!(
+                e.msg
+                    .starts_with(&format!("status field {idx} ({name}): cannot decode")),
+                "{bad}: {}",
+                e.msg
+            );
+        }
+        // The oldest live epoch cannot be after the open one.
+        let e = Status::parse_params(&format!("{} 17 0 0 16 15", params(&[]))).unwrap_err();
+        assert_eq!(
+            e.msg,
+            "status field 24 (epoch_oldest): cannot decode '16': above epoch_current (15)"
+        );
+    }
+
+    #[test]
     fn documented_example_of_this_module() {
         // docs/tiercache.rst, "Status": 23 fields.
         let line = format!("{DOC_EXAMPLE} 5 0 0");
@@ -517,11 +607,12 @@ mod tests {
 
     #[test]
     fn extra_fields_are_kept_not_interpreted() {
-        let p = format!("{} 3 0 -5 42 future-word", params(&[]));
+        let p = format!("{} 3 0 -5 42 43 future-word 7", params(&[]));
         let s = Status::parse_params(&p).unwrap();
         assert_eq!((s.meta_commits, s.meta_error), (Some(3), Some(0)));
         assert_eq!(s.cache_failed, Some(-5));
-        assert_eq!(s.extra, vec!["42", "future-word"]);
+        assert_eq!(s.epochs(), Some((42, 43)));
+        assert_eq!(s.extra, vec!["future-word", "7"]);
         // A lone 21st field is not half of the metadata pair.
         let s = Status::parse_params(&format!("{} 3", params(&[]))).unwrap();
         assert_eq!((s.meta_commits, s.cache_failed), (None, None));
