@@ -107,6 +107,8 @@ static inline bool test_and_clear_bit(long nr, unsigned long *a)
 	do { (f) = 0; pthread_spin_lock(l); } while (0)
 #define spin_unlock_irqrestore(l, f) \
 	do { (void)(f); pthread_spin_unlock(l); } while (0)
+#define spin_lock(l)		pthread_spin_lock(l)
+#define spin_unlock(l)		pthread_spin_unlock(l)
 #define local_irq_save(f)	((f) = 0)
 #define local_irq_restore(f)	((void)(f))
 
@@ -182,6 +184,17 @@ static inline void sort_r(void *base, size_t num, size_t size,
 	tc_host_sort.priv = priv;
 	qsort(base, num, size, tc_host_sort_cmp);
 }
+
+/* ---- atomic_t ---- */
+typedef struct { int counter; } atomic_t;
+#define atomic_read(v)		__atomic_load_n(&(v)->counter, __ATOMIC_RELAXED)
+#define atomic_set(v, i)	__atomic_store_n(&(v)->counter, (i), \
+						 __ATOMIC_RELAXED)
+#define atomic_inc(v)		__atomic_fetch_add(&(v)->counter, 1, \
+						   __ATOMIC_RELAXED)
+#define atomic_dec(v)		__atomic_fetch_sub(&(v)->counter, 1, \
+						   __ATOMIC_RELAXED)
+#define smp_mb__after_atomic()	smp_mb()
 
 /* ---- scheduling ---- */
 #define gfpflags_allow_blocking(gfp)	(((gfp) & GFP_KERNEL) != 0)

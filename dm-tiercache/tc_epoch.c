@@ -1,0 +1,173 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * dm-tiercache: epochs (tc_epoch.h).
+ */
+#ifdef __KERNEL__
+#include <linux/mm.h>
+#include <linux/slab.h>
+#include <linux/vmalloc.h>
+#endif
+
+#include "tc_epoch.h"
+
+int tc_epochs_create(struct tc_epochs *e, u32 nr_slots)
+{
+	int i;
+
+	e->tag = kvmalloc_array(nr_slots, sizeof(*e->tag), GFP_KERNEL);
+	if (!e->tag)
+		return -ENOMEM;
+	for (i = 0; i < TC_EPOCH_TAGS; i++)
+		atomic_set(&e->nr[i], 0);
+	e->oldest = 0;
+	e->cur = 0;
+	e->floor = 0;
+	spin_lock_init(&e->lock);
+	return 0;
+}
+
+void tc_epochs_destroy(struct tc_epochs *e)
+{
+	kvfree(e->tag);
+	e->tag = NULL;
+}
+
+/*
+ * @slot becomes dirty in the open epoch: count it there and tag it.
+ * Returns the tag.
+ */
+u8 tc_epoch_enter(struct tc_epochs *e, u32 slot)
+{
+	u64 ep;
+
+	for (;;) {
+		ep = READ_ONCE(e->cur);
+		atomic_inc(&e->nr[(u8)ep]);
+		/* counted, then the retirement read: see tc_epoch_retire() */
+		smp_mb__after_atomic();
+		if (READ_ONCE(e->oldest) <= ep)
+			break;
+		/* retired under our feet: a later epoch is open */
+		atomic_dec(&e->nr[(u8)ep]);
+	}
+	WRITE_ONCE(e->tag[slot], (u8)ep);
+	return (u8)ep;
+}
+
+/* Dirty @slot is clean now, or gone. */
+void tc_epoch_leave(struct tc_epochs *e, u32 slot)
+{
+	atomic_dec(&e->nr[tc_epoch_tag(e, slot)]);
+}
+
+/*
+ * A flush: the writes before it are one epoch, the writes after it the
+ * next.  Nothing written since the last one: no new epoch is needed.
+ * Returns false if one more live epoch is not allowed now.
+ */
+bool tc_epoch_open(struct tc_epochs *e)
+{
+	bool ok = true;
+	u64 low;
+
+	spin_lock(&e->lock);
+	if (atomic_read(&e->nr[(u8)e->cur])) {
+		low = min(e->oldest, e->floor);
+		if (e->cur + 1 > low + TC_EPOCH_SPAN)
+			ok = false;
+		else
+			WRITE_ONCE(e->cur, e->cur + 1);
+	}
+	spin_unlock(&e->lock);
+	return ok;
+}
+
+/*
+ * The oldest epoch has no dirty slot left (the writeback made them all
+ * durable on the origin): the next one is written back from now on.  The
+ * open epoch is never retired.  Returns true if one was.
+ */
+bool tc_epoch_retire(struct tc_epochs *e)
+{
+	bool done = false;
+	u64 ep;
+
+	spin_lock(&e->lock);
+	ep = e->oldest;
+	if (ep < e->cur && !atomic_read(&e->nr[(u8)ep])) {
+		WRITE_ONCE(e->oldest, ep + 1);
+		/* retired, then the count read again: see tc_epoch_enter() */
+		smp_mb();
+		if (atomic_read(&e->nr[(u8)ep]))
+			WRITE_ONCE(e->oldest, ep);	/* a late writer */
+		else
+			done = true;
+	}
+	spin_unlock(&e->lock);
+	return done;
+}
+
+/* A commit wrote @floor in the superblock: no dirty entry is older. */
+void tc_epoch_set_floor(struct tc_epochs *e, u64 floor)
+{
+	spin_lock(&e->lock);
+	e->floor = floor;
+	spin_unlock(&e->lock);
+}
+
+/*
+ * The absolute epoch of dirty @slot, given @base, an epoch that is at most
+ * its own and at most TC_EPOCH_SPAN below it.
+ */
+u64 tc_epoch_of(struct tc_epochs *e, u32 slot, u64 base)
+{
+	return base + (u8)(tc_epoch_tag(e, slot) - (u8)base);
+}
+
+/* The dirty slots of live @epoch (a hint unless the caller holds it). */
+u32 tc_epoch_nr(struct tc_epochs *e, u64 epoch)
+{
+	return atomic_read(&e->nr[(u8)epoch]);
+}
+
+/* ---- loading: the dirty entries of a cache, with their epochs ---- */
+
+void tc_epoch_load_begin(struct tc_epochs *e, u64 floor)
+{
+	e->floor = floor;
+	e->oldest = floor;
+	e->cur = floor;
+	e->loaded_any = false;
+}
+
+/* @slot is dirty in @epoch; -ERANGE if that is not a live epoch. */
+int tc_epoch_load(struct tc_epochs *e, u32 slot, u64 epoch)
+{
+	if (epoch < e->floor || epoch > e->floor + TC_EPOCH_SPAN)
+		return -ERANGE;
+	if (!e->loaded_any || epoch < e->load_min)
+		e->load_min = epoch;
+	if (!e->loaded_any || epoch > e->load_max)
+		e->load_max = epoch;
+	e->loaded_any = true;
+	atomic_inc(&e->nr[(u8)epoch]);
+	e->tag[slot] = (u8)epoch;
+	return 0;
+}
+
+/*
+ * The live epochs are those loaded.  With @open_new (the ordered policy),
+ * writes go to a new epoch after the newest (a crash was a flush point),
+ * unless that would be one too many; else they join the newest loaded
+ * epoch, whose writes no flush followed (under the default policy, so
+ * that rewrites of the blocks loaded go in place).
+ */
+void tc_epoch_load_end(struct tc_epochs *e, bool open_new)
+{
+	if (!e->loaded_any)
+		return;
+	e->oldest = e->load_min;
+	e->cur = e->load_max;
+	if (open_new && e->cur + 1 <= e->floor + TC_EPOCH_SPAN)
+		e->cur++;
+}
