@@ -41,6 +41,7 @@ static const struct tc_key_rule tc_keys[TC_NR_KEYS] = {
 	[TC_KEY_LOW_WATERMARK]	  = TC_KEY("low_watermark", 0, 100, 10),
 	[TC_KEY_FLUSH_ON_SUSPEND] = TC_KEY("flush_on_suspend", 0, 1, 0),
 	[TC_KEY_COMMIT_MS]	  = TC_KEY("commit_ms", 1, 600000, 1000),
+	[TC_KEY_ORDERED]	  = TC_KEY("ordered", 0, 1, 0),
 };
 
 static const char * const tc_modes[] = {

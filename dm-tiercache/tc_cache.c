@@ -68,7 +68,11 @@ static void tc_cache_destroy(struct tc_cache *c)
 /* The failed state was latched: tell whoever waits for the device's events. */
 static void tc_cache_fail_work(struct work_struct *w)
 {
-	tc_flush_event(container_of(w, struct tc_cache, fail_work));
+	struct tc_cache *c = container_of(w, struct tc_cache, fail_work);
+
+	/* writes and flushes that waited for an epoch go the failed way */
+	tc_epoch_waiters_go(c);
+	tc_flush_event(c);
 }
 
 static int tc_cache_setup(struct tc_cache *c)
@@ -92,6 +96,7 @@ static int tc_cache_setup(struct tc_cache *c)
 	bio_list_init(&c->deferred);
 	bio_list_init(&c->discards);
 	bio_list_init(&c->wb_wait);
+	bio_list_init(&c->ep_flushes);
 	INIT_WORK(&c->io_work, tc_io_work);
 	INIT_WORK(&c->discard_work, tc_discard_work);
 	mutex_init(&c->ctl_lock);

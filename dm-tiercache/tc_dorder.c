@@ -360,6 +360,30 @@ u32 tc_dorder_next(struct tc_dorder *d, u64 from, u64 to, u64 *block)
 	return TC_SLOT_NONE;
 }
 
+/*
+ * As tc_dorder_next(), for the dirty slots whose tag in @tags (one byte
+ * per slot) is @tag only: one epoch's (tc_epoch.h).
+ */
+u32 tc_dorder_next_tagged(struct tc_dorder *d, u64 from, u64 to,
+			  const u8 *tags, u8 tag, u64 *block)
+{
+	u64 i, b;
+	u32 s;
+
+	for (i = tc_dorder_seek(d, from); i < d->nr_sorted; i++) {
+		s = d->sorted[i];
+		b = tc_slot_block(d->sl, s);
+		if (b > to)
+			break;
+		if (READ_ONCE(tags[s]) == tag &&
+		    tc_slot_test(d->sl, s, TC_SF_DIRTY)) {
+			*block = b;
+			return s;
+		}
+	}
+	return TC_SLOT_NONE;
+}
+
 /* The number of slots in the sorted part (the owner's). */
 u64 tc_dorder_nr_sorted(struct tc_dorder *d)
 {

@@ -76,6 +76,8 @@ int tc_dorder_merge(struct tc_dorder *d, gfp_t gfp);
 int tc_dorder_load(struct tc_dorder *d, u32 slot);
 void tc_dorder_load_end(struct tc_dorder *d);
 u32 tc_dorder_next(struct tc_dorder *d, u64 from, u64 to, u64 *block);
+u32 tc_dorder_next_tagged(struct tc_dorder *d, u64 from, u64 to,
+			  const u8 *tags, u8 tag, u64 *block);
 u64 tc_dorder_nr_sorted(struct tc_dorder *d);
 u32 tc_dorder_at(struct tc_dorder *d, u64 i);
 

@@ -142,6 +142,9 @@ static bool tc_wb_wanted(struct tc_cache *c)
 		return false;
 	if (READ_ONCE(c->cleaner) && tc_nr_dirty(c))
 		return true;
+	/* writes or a flush wait for the oldest epoch to go */
+	if (test_bit(TC_FL_EPOCH_WAIT, &fl->bits))
+		return true;
 	return test_bit(TC_FL_BACKGROUND, &fl->bits);
 }
 
@@ -188,10 +191,18 @@ static enum tc_blk_kind tc_gather_take(void *ctx, u64 b)
 		return TC_BLK_BUSY;
 	}
 	blk->held = true;
-	blk->slot = tc_lookup(c, b);
-	blk->dirty = blk->slot != TC_SLOT_NONE && tc_slot_dirty(c, blk->slot);
-	if (!blk->dirty)
+	blk->slot = tc_lookup_version(c, b, c->fl.pass_epoch);
+	blk->dirty = blk->slot != TC_SLOT_NONE;
+	if (!blk->dirty) {
+		/*
+		 * A hole: filled from a clean copy, or from the origin, never
+		 * with a dirty version of a later epoch.
+		 */
+		blk->slot = tc_lookup(c, b);
+		if (blk->slot != TC_SLOT_NONE && tc_slot_dirty(c, blk->slot))
+			blk->slot = TC_SLOT_NONE;
 		return TC_BLK_HOLE;
+	}
 	/* written, the newest version pays what a full flush owes */
 	if (!tc_wb_take(c, blk->slot, &blk->owed)) {
 		/* still being written by an earlier request */
@@ -218,7 +229,8 @@ static u64 tc_gather_next_dirty(void *ctx, u64 from, u64 to)
 	struct tc_gather *g = ctx;
 	u64 block;
 
-	if (tc_next_dirty(g->c, from, to, &block) != TC_SLOT_NONE)
+	if (tc_next_dirty_in(g->c, g->c->fl.pass_epoch, from, to, &block) !=
+	    TC_SLOT_NONE)
 		return block;
 	return TC_PLAN_NONE;
 }
@@ -373,7 +385,8 @@ static struct tc_wb_req *tc_wb_gather(struct tc_cache *c, u64 *cursor)
 	u64 idx;
 
 	if (*cursor >= c->nr_blocks ||
-	    tc_next_dirty(c, *cursor, c->nr_blocks - 1, &idx) == TC_SLOT_NONE)
+	    tc_next_dirty_in(c, c->fl.pass_epoch, *cursor, c->nr_blocks - 1,
+			     &idx) == TC_SLOT_NONE)
 		return NULL;
 	*cursor = idx + 1;
 	req = tc_wb_scratch(c, max_t(u32, lim.max_blocks, 1));
@@ -416,7 +429,7 @@ static struct tc_wb_req *tc_wb_gather_reserved(struct tc_cache *c)
 	if (!test_and_clear_bit(TC_FL_RESV_READY, &fl->bits) ||
 	    !tc_wb_has_resv(fl) || !tc_reserve_holds(&c->locks, &fl->resv))
 		return NULL;
-	if (tc_is_dirty(c, at))
+	if (tc_lookup_version(c, at, fl->pass_epoch) != TC_SLOT_NONE)
 		req = tc_wb_gather(c, &at);
 	if (tc_wb_has_resv(fl))
 		tc_wb_drop_resv(c);	/* not taken (ENOMEM: tried again) */
@@ -945,6 +958,8 @@ static void tc_wb_begin_full(struct tc_cache *c)
 	/* the generation before any OWED: see tc_wb_pay() */
 	smp_mb__after_atomic();
 	tc_index_owe_dirty(c);
+	/* what is dirty now is in this epoch or an older one */
+	fl->full_epoch = tc_epoch_cur(&c->ix.ep);
 	clear_bit(TC_FL_PAUSED, &fl->bits);
 	fl->error = 0;
 	fl->cursor = 0;
@@ -978,10 +993,26 @@ enum tc_pass_next {
 	TC_PASS_LATER,		/* another pass once busy blocks moved on */
 };
 
+/*
+ * The pass's epoch is on the origin if no dirty version of it is left:
+ * retire it, and every empty one after it, and wake what waited for that.
+ */
+static void tc_wb_retire(struct tc_cache *c)
+{
+	bool any = false;
+
+	while (tc_epoch_retire(&c->ix.ep))
+		any = true;
+	if (!any)
+		return;
+	clear_bit(TC_FL_EPOCH_WAIT, &c->fl.bits);
+	tc_epoch_waiters_go(c);
+}
+
 static enum tc_pass_next tc_wb_end_pass(struct tc_cache *c)
 {
 	struct tc_flush *fl = &c->fl;
-	bool skipped, issued;
+	bool skipped, issued, more;
 	int err;
 
 	skipped = fl->pass_skipped;
@@ -992,8 +1023,13 @@ static enum tc_pass_next tc_wb_end_pass(struct tc_cache *c)
 	fl->pass_issued = false;
 	fl->pass_error = 0;
 
+	if (!err)
+		tc_wb_retire(c);
+	/* an older epoch than the full flush's still to write back */
+	more = test_bit(TC_FL_FULL, &fl->bits) && !err && !skipped &&
+	       fl->pass_epoch < fl->full_epoch;
 	if (test_bit(TC_FL_FULL, &fl->bits)) {
-		if (err || !skipped)
+		if (err || (!skipped && !more))
 			tc_wb_end_full(c, !err);
 	} else if (err) {
 		tc_wb_pause(c);
@@ -1006,6 +1042,9 @@ static enum tc_pass_next tc_wb_end_pass(struct tc_cache *c)
 		clear_bit(TC_FL_BACKGROUND, &fl->bits);
 	if (!tc_wb_wanted(c))
 		return TC_PASS_IDLE;
+	/* the next epoch's pass */
+	if (more || (!skipped && tc_epoch_oldest(&c->ix.ep) != fl->pass_epoch))
+		return TC_PASS_AGAIN;
 	/* everything left was busy: its holders may need this workqueue */
 	if (skipped && !issued)
 		return TC_PASS_LATER;
@@ -1057,6 +1096,9 @@ static void tc_flush_work(struct work_struct *w)
 		if (atomic_read(&fl->inflight) >=
 		    READ_ONCE(c->val[TC_KEY_FLUSH_DEPTH]))
 			return;		/* a write completion requeues us */
+		/* a pass writes back one epoch, the oldest */
+		if (!fl->cursor)
+			fl->pass_epoch = tc_epoch_oldest(&c->ix.ep);
 		req = tc_wb_gather_reserved(c);
 		if (!req)
 			req = tc_wb_gather(c, &fl->cursor);

@@ -62,16 +62,21 @@ int tc_index_init(struct tc_cache *c)
 	r = tc_dorder_create(&ix->dorder, &ix->sl, tc_index_release, c);
 	if (r)
 		goto fail_map;
+	r = tc_epochs_create(&ix->ep, c->nr_slots);
+	if (r)
+		goto fail_dorder;
 	ix->used_map = tc_bigalloc(BITS_TO_LONGS(c->nr_slots), sizeof(long),
 				   GFP_KERNEL | __GFP_ZERO);
 	if (!ix->used_map) {
 		r = -ENOMEM;
-		goto fail_dorder;
+		goto fail_epochs;
 	}
 	ix->merged = jiffies - TC_MERGE_FULL_GAP - 1;
 	ix->ready = true;
 	return 0;
 
+fail_epochs:
+	tc_epochs_destroy(&ix->ep);
 fail_dorder:
 	tc_dorder_destroy(&ix->dorder);
 fail_map:
@@ -90,6 +95,7 @@ void tc_index_exit(struct tc_cache *c)
 	ix->ready = false;
 	kvfree(ix->used_map);
 	ix->used_map = NULL;
+	tc_epochs_destroy(&ix->ep);
 	tc_dorder_destroy(&ix->dorder);
 	tc_hmap_destroy(&ix->map);
 	tc_slots_destroy(&ix->sl);
@@ -101,7 +107,7 @@ size_t tc_index_bytes(u32 nr)
 	struct tc_hmap_geometry g;
 
 	tc_hmap_geometry(nr, &g);
-	return tc_slots_bytes(nr) + g.bytes +
+	return tc_slots_bytes(nr) + g.bytes + nr * sizeof(u8) +
 	       BITS_TO_LONGS(nr) * sizeof(long) +
 	       (size_t)tc_dorder_tail_cap(nr) * (2 * sizeof(u32) + sizeof(u64));
 }
@@ -298,8 +304,10 @@ static int tc_queue_dirty(struct tc_cache *c, u32 slot)
 		tc_flush_kick(c);
 		return r;
 	}
-	if (!was)
+	if (!was) {
+		tc_epoch_enter(&ix->ep, slot);
 		atomic_inc(&ix->nr_dirty);
+	}
 	if (tc_dorder_want_merge(&ix->dorder))
 		tc_flush_kick(c);
 	return 0;
@@ -335,11 +343,15 @@ int tc_insert(struct tc_cache *c, u32 slot, u64 block, bool dirty)
 void tc_remove(struct tc_cache *c, u32 slot)
 {
 	bool queued = tc_slot_test(&c->ix.sl, slot, TC_SF_QUEUED);
+	bool dirty = tc_slot_dirty(c, slot);
 
-	if (tc_slot_dirty(c, slot))
+	if (dirty)
 		atomic_dec(&c->ix.nr_dirty);
 	tc_hmap_delete(&c->ix.map, slot);
 	tc_meta_clear(c, slot);
+	/* after the entry is wanted empty: see tc_wb_written() */
+	if (dirty)
+		tc_epoch_leave(&c->ix.ep, slot);
 	if (!tc_slot_retire(&c->ix.sl, slot)) {
 		tc_free_slot(c, slot);
 	} else if (queued) {
@@ -347,6 +359,55 @@ void tc_remove(struct tc_cache *c, u32 slot)
 		WRITE_ONCE(c->ix.cleaned, true);
 		tc_flush_kick(c);
 	}
+}
+
+/* Drop every version of @block (the caller holds its lock). */
+void tc_remove_chain(struct tc_cache *c, u64 block)
+{
+	u32 s;
+
+	while ((s = tc_lookup(c, block)) != TC_SLOT_NONE)
+		tc_remove(c, s);
+}
+
+/*
+ * A version of @block that a writeback request still writes, or
+ * TC_SLOT_NONE (the caller holds the block's lock).
+ */
+u32 tc_chain_in_wb(struct tc_cache *c, u64 block)
+{
+	u32 s;
+
+	for (s = tc_lookup(c, block); s != TC_SLOT_NONE;
+	     s = tc_hmap_lookup_next(&c->ix.map, block, s))
+		if (tc_slot_in_wb(c, s))
+			return s;
+	return TC_SLOT_NONE;
+}
+
+/*
+ * The dirty version of @block of @epoch, or TC_SLOT_NONE.  Stable for the
+ * holder of the block's lock; a hint for anyone else.
+ */
+u32 tc_lookup_version(struct tc_cache *c, u64 block, u64 epoch)
+{
+	u32 s;
+
+	for (s = tc_lookup(c, block); s != TC_SLOT_NONE;
+	     s = tc_hmap_lookup_next(&c->ix.map, block, s))
+		if (tc_slot_dirty(c, s) && tc_epoch_in(&c->ix.ep, s, epoch))
+			return s;
+	return TC_SLOT_NONE;
+}
+
+/*
+ * A write to the newest version of a block, @slot: written in place, or
+ * (a dirty version of an epoch older than the open one, which writeback
+ * must still send to the origin as it is) copied to a new slot first?
+ */
+bool tc_epoch_needs_cow(struct tc_cache *c, u32 slot)
+{
+	return tc_slot_dirty(c, slot) && tc_epoch_older(&c->ix.ep, slot);
 }
 
 /*
@@ -374,7 +435,53 @@ int tc_mark_dirty(struct tc_cache *c, u32 slot)
  * Loading: @slot holds @block, dirty on disk.  The engine is not running:
  * the slot joins the dirty order unsorted (tc_index_load_end() sorts).
  */
-int tc_index_load(struct tc_cache *c, u32 slot, u64 block)
+/*
+ * Loading: the versions of one block go into the map oldest first, so
+ * that the newest comes first in the chain.  @slot, of @epoch, joins the
+ * versions loaded before it.
+ */
+static int tc_index_load_version(struct tc_cache *c, u32 slot, u64 epoch)
+{
+	struct tc_index *ix = &c->ix;
+	u64 block = tc_slot_block(&ix->sl, slot);
+	u64 base = ix->ep.floor;
+	u32 *v, s, t;
+	int n = 0, i, j, r = 0;
+
+	s = tc_lookup(c, block);
+	if (s == TC_SLOT_NONE || tc_epoch_of(&ix->ep, s, base) < epoch)
+		return tc_hmap_insert(&ix->map, slot);	/* the newest */
+	/* rare: an older version found after a newer one */
+	v = kmalloc_array(TC_EPOCH_TAGS + 1, sizeof(*v), GFP_KERNEL);
+	if (!v)
+		return -ENOMEM;
+	for (; s != TC_SLOT_NONE && n < TC_EPOCH_TAGS;
+	     s = tc_hmap_lookup_next(&ix->map, block, s)) {
+		if (tc_epoch_of(&ix->ep, s, base) == epoch)
+			r = -EUCLEAN;	/* two versions of one epoch */
+		v[n++] = s;
+	}
+	if (r)
+		goto out;
+	for (i = 0; i < n; i++)
+		tc_hmap_delete(&ix->map, v[i]);
+	v[n++] = slot;
+	/* oldest first: few versions, an insertion sort */
+	for (i = 1; i < n; i++)
+		for (j = i; j > 0 && tc_epoch_of(&ix->ep, v[j - 1], base) <
+				     tc_epoch_of(&ix->ep, v[j], base); j--) {
+			t = v[j];
+			v[j] = v[j - 1];
+			v[j - 1] = t;
+		}
+	for (i = n - 1; i >= 0 && !r; i--)
+		r = tc_hmap_insert(&ix->map, v[i]);
+out:
+	kfree(v);
+	return r;
+}
+
+int tc_index_load(struct tc_cache *c, u32 slot, u64 block, u64 epoch)
 {
 	struct tc_index *ix = &c->ix;
 	int r;
@@ -385,9 +492,12 @@ int tc_index_load(struct tc_cache *c, u32 slot, u64 block)
 		return -EUCLEAN;
 	}
 	spin_unlock(&ix->alloc_lock);
+	r = tc_epoch_load(&ix->ep, slot, epoch);
+	if (r)
+		return -EUCLEAN;	/* no live epoch */
 	tc_slot_set_block(&ix->sl, slot, block);
 	tc_slot_set(&ix->sl, slot, TC_SF_VALID);
-	r = tc_hmap_insert(&ix->map, slot);
+	r = tc_index_load_version(c, slot, epoch);
 	if (!r)
 		r = tc_dorder_load(&ix->dorder, slot);
 	if (r)
@@ -400,6 +510,7 @@ int tc_index_load(struct tc_cache *c, u32 slot, u64 block)
 void tc_index_load_end(struct tc_cache *c)
 {
 	tc_dorder_load_end(&c->ix.dorder);
+	tc_epoch_load_end(&c->ix.ep, c->val[TC_KEY_ORDERED]);
 }
 
 /* ---- writeback ---- */
@@ -466,6 +577,14 @@ bool tc_index_want_merge(struct tc_cache *c)
 u32 tc_next_dirty(struct tc_cache *c, u64 from, u64 to, u64 *block)
 {
 	return tc_dorder_next(&c->ix.dorder, from, to, block);
+}
+
+/* The same, for the dirty versions of @epoch only. */
+u32 tc_next_dirty_in(struct tc_cache *c, u64 epoch, u64 from, u64 to,
+		     u64 *block)
+{
+	return tc_dorder_next_tagged(&c->ix.dorder, from, to, c->ix.ep.tag,
+				     (u8)epoch, block);
 }
 
 /* Set OWED on @s if it is dirty. */
@@ -563,6 +682,13 @@ void tc_wb_written(struct tc_cache *c, u32 slot)
 {
 	unsigned int f = tc_slot_flags(&c->ix.sl, slot);
 
+	if ((f & BIT(TC_SF_VALID)) &&
+	    tc_lookup(c, tc_slot_block(&c->ix.sl, slot)) != slot) {
+		/* an older version: its epoch is on the origin, it goes */
+		tc_remove(c, slot);
+		tc_wb_drop(c, slot, BIT(TC_SF_OWED), false);
+		return;
+	}
 	if ((f & (BIT(TC_SF_VALID) | BIT(TC_SF_DIRTY) | BIT(TC_SF_REWRITTEN))) !=
 	    (BIT(TC_SF_VALID) | BIT(TC_SF_DIRTY))) {
 		tc_wb_drop(c, slot, 0, false);
@@ -574,6 +700,11 @@ void tc_wb_written(struct tc_cache *c, u32 slot)
 	/* after DIRTY went: see tc_index_merge() */
 	WRITE_ONCE(c->ix.cleaned, true);
 	tc_meta_set(c, slot, false);
+	/*
+	 * Recorded clean, then counted out: an epoch is retired only once
+	 * no commit can write one of its entries dirty.
+	 */
+	tc_epoch_leave(&c->ix.ep, slot);
 }
 
 /*
@@ -604,7 +735,7 @@ void tc_wb_let_go(struct tc_cache *c, u32 slot)
  */
 bool tc_wb_owed(struct tc_cache *c, u64 block)
 {
-	u32 s = tc_lookup(c, block);
+	u32 s = tc_lookup_version(c, block, c->fl.pass_epoch);
 
 	if (s == TC_SLOT_NONE)
 		return true;

@@ -22,6 +22,7 @@
 #include "tc_slots.h"
 #include "tc_hmap.h"
 #include "tc_dorder.h"
+#include "tc_epoch.h"
 
 struct tc_cache;
 
@@ -29,6 +30,7 @@ struct tc_index {
 	struct tc_slots sl;
 	struct tc_hmap map;
 	struct tc_dorder dorder;
+	struct tc_epochs ep;		/* tc_epoch.h */
 	spinlock_t alloc_lock;		/* used_map, nr_free, hints */
 	unsigned long *used_map;	/* bit per slot: allocated */
 	u32 nr_free;
@@ -60,14 +62,20 @@ int tc_alloc_slot(struct tc_cache *c, u64 block, u32 *slot);
 void tc_free_slot(struct tc_cache *c, u32 slot);
 int tc_insert(struct tc_cache *c, u32 slot, u64 block, bool dirty);
 void tc_remove(struct tc_cache *c, u32 slot);
+void tc_remove_chain(struct tc_cache *c, u64 block);
+u32 tc_chain_in_wb(struct tc_cache *c, u64 block);
+bool tc_epoch_needs_cow(struct tc_cache *c, u32 slot);
 int tc_mark_dirty(struct tc_cache *c, u32 slot);
-int tc_index_load(struct tc_cache *c, u32 slot, u64 block);
+int tc_index_load(struct tc_cache *c, u32 slot, u64 block, u64 epoch);
 void tc_index_load_end(struct tc_cache *c);
 
 /* writeback (the engine) */
 int tc_index_merge(struct tc_cache *c, gfp_t gfp);
 bool tc_index_want_merge(struct tc_cache *c);
 u32 tc_next_dirty(struct tc_cache *c, u64 from, u64 to, u64 *block);
+u32 tc_next_dirty_in(struct tc_cache *c, u64 epoch, u64 from, u64 to,
+		     u64 *block);
+u32 tc_lookup_version(struct tc_cache *c, u64 block, u64 epoch);
 void tc_index_owe_dirty(struct tc_cache *c);
 bool tc_wb_take(struct tc_cache *c, u32 slot, bool *owed);
 void tc_wb_untake(struct tc_cache *c, u32 slot, bool owed);

@@ -26,6 +26,7 @@ enum tc_action {
 	TC_TO_ORIGIN,
 	TC_CONTINUE,		/* stage set: finish in tc_io_work() */
 	TC_WAIT_WB,		/* wait for the slot's writeback request */
+	TC_WAIT_EPOCH,		/* wait for writeback of an older epoch */
 };
 
 static bool tc_whole_block(struct tc_cache *c, struct bio *bio)
@@ -181,16 +182,57 @@ static enum tc_action tc_write_failed(struct tc_cache *c, struct bio *bio,
 	}
 	if (slot == TC_SLOT_NONE)
 		return TC_TO_ORIGIN;
-	pb->slot = slot;
-	if (tc_slot_in_wb(c, slot))
+	/* no version of the block may still be on its way to the origin */
+	pb->slot = tc_chain_in_wb(c, block);
+	if (pb->slot != TC_SLOT_NONE)
 		return TC_WAIT_WB;
+	pb->slot = slot;
 	if (tc_slot_dirty(c, slot)) {
 		pb->stage = tc_whole_block(c, bio) ? TC_ST_DROP_WRITE :
 						     TC_ST_RMW;
 		return TC_CONTINUE;
 	}
-	tc_remove(c, slot);
+	tc_remove_chain(c, block);
 	return TC_TO_ORIGIN;
+}
+
+/*
+ * Epochs older than the open one are not all on the origin: a write must
+ * not reach the origin before them (it would leave the origin in a state
+ * no power cut could).
+ */
+static bool tc_older_epochs(struct tc_cache *c)
+{
+	return tc_epoch_oldest(&c->ix.ep) != tc_epoch_cur(&c->ix.ep);
+}
+
+/*
+ * A write to a block whose newest version, @old, is dirty in an older
+ * epoch: that version stays as it is for its epoch's writeback, and the
+ * write goes to a new slot, the block's newest version from now on.  A
+ * write covering part of the block first copies the rest from @old
+ * (TC_ST_COW_READ).  No slot now: the write waits for writeback.
+ */
+static enum tc_action tc_write_cow(struct tc_cache *c, struct bio *bio,
+				   struct tc_bio *pb, u64 block, u32 old)
+{
+	u32 slot;
+
+	if (tc_alloc_slot(c, block, &slot))
+		return TC_WAIT_EPOCH;
+	if (tc_insert(c, slot, block, true)) {
+		tc_free_slot(c, slot);
+		return TC_WAIT_EPOCH;
+	}
+	pb->slot = slot;
+	pb->cow_from = old;
+	/* on disk once the new slot holds the data: see tc_end_io() */
+	pb->meta_new = true;
+	if (tc_whole_block(c, bio))
+		return tc_write_cache(c, bio, pb);
+	tc_flush_check_watermark(c);
+	pb->stage = TC_ST_COW_READ;
+	return TC_CONTINUE;
 }
 
 static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
@@ -210,14 +252,20 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 		return TC_TO_ORIGIN;
 	}
 	if (slot != TC_SLOT_NONE) {
-		tc_count(c, TC_S_WRITE_HIT);
+		if (!pb->again)
+			tc_count(c, TC_S_WRITE_HIT);
 		tc_touch(c, slot);
 		pb->slot = slot;
 		if (!tc_writes_dirty(c))
 			return tc_write_through(c, bio, pb, slot);
+		if (tc_epoch_needs_cow(c, slot))
+			return tc_write_cow(c, bio, pb, block, slot);
 		pb->was_clean = !tc_slot_dirty(c, slot);
-		if (tc_mark_dirty(c, slot))
+		if (tc_mark_dirty(c, slot)) {
+			if (tc_older_epochs(c))
+				return TC_WAIT_EPOCH;
 			return tc_write_through(c, bio, pb, slot);
+		}
 		/*
 		 * A clean copy is recorded dirty once the data is there, as a
 		 * new slot is: a failed write then leaves no entry that a crash
@@ -226,11 +274,14 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 		pb->meta_new = pb->was_clean;
 		return tc_write_cache(c, bio, pb);
 	}
-	tc_count(c, TC_S_WRITE_MISS);
+	if (!pb->again)
+		tc_count(c, TC_S_WRITE_MISS);
 	if (!tc_writes_dirty(c))
 		return TC_TO_ORIGIN;
 	if (tc_whole_block(c, bio) && tc_write_allocate(c, pb, block))
 		return tc_write_cache(c, bio, pb);
+	if (tc_older_epochs(c))
+		return TC_WAIT_EPOCH;
 	tc_count(c, TC_S_WRITE_BYPASS);
 	return TC_TO_ORIGIN;
 }
@@ -283,6 +334,34 @@ static void tc_wait_wb(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 		tc_wake_wb_waiters(c);
 }
 
+/*
+ * A write parked until writeback has sent older epochs to the origin (or
+ * freed a slot for a copy).  Nothing was changed for it.  It lets go of
+ * its block's lock (writeback may need that block: the older version this
+ * write would copy) and starts over when writeback lets go of slots or
+ * retires an epoch.  The engine runs for it, watermark or not.
+ */
+static void tc_wait_epoch(struct tc_cache *c, struct bio *bio,
+			  struct tc_bio *pb)
+{
+	unsigned long flags;
+
+	pb->locked = false;
+	tc_unlock(&c->locks, &pb->holder);
+	pb->holder.granted = false;
+	pb->stage = TC_ST_NEW;
+	pb->again = true;
+	spin_lock_irqsave(&c->defer_lock, flags);
+	bio_list_add(&c->wb_wait, bio);
+	spin_unlock_irqrestore(&c->defer_lock, flags);
+	set_bit(TC_FL_EPOCH_WAIT, &c->fl.bits);
+	/* parked, then the epochs read: pairs with tc_wake_wb_waiters() */
+	smp_mb();
+	if (!tc_older_epochs(c))
+		tc_wake_wb_waiters(c);
+	tc_flush_kick(c);
+}
+
 /* Writeback let go of slots: the parked writes try again. */
 void tc_wake_wb_waiters(struct tc_cache *c)
 {
@@ -329,6 +408,9 @@ static int tc_dispatch(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 	case TC_WAIT_WB:
 		tc_wait_wb(c, bio, pb);
 		return DM_MAPIO_SUBMITTED;
+	case TC_WAIT_EPOCH:
+		tc_wait_epoch(c, bio, pb);
+		return DM_MAPIO_SUBMITTED;
 	}
 	WARN_ON_ONCE(1);	/* not reached */
 	/* no end_io follows a bio the map function kills: unlock it here */
@@ -365,6 +447,46 @@ static int tc_map_rw(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 }
 
 /*
+ * Under the ordered policy a flush closes the open epoch: the writes
+ * after it go to a new one.  If one more live epoch is not allowed, the
+ * flush waits for writeback to retire the oldest (tc_epoch_waiters_go()).
+ * Then it commits the metadata.
+ */
+static void tc_flush_epoch(struct tc_cache *c, struct bio *bio)
+{
+	unsigned long flags;
+
+	if (READ_ONCE(c->val[TC_KEY_ORDERED]) && !tc_failed(c) &&
+	    !tc_epoch_open(&c->ix.ep)) {
+		spin_lock_irqsave(&c->defer_lock, flags);
+		bio_list_add(&c->ep_flushes, bio);
+		spin_unlock_irqrestore(&c->defer_lock, flags);
+		set_bit(TC_FL_EPOCH_WAIT, &c->fl.bits);
+		tc_flush_kick(c);
+		return;
+	}
+	tc_meta_queue_bio(c, bio);
+}
+
+/*
+ * Writeback retired an epoch (or gave up): parked writes and flushes try
+ * again.
+ */
+void tc_epoch_waiters_go(struct tc_cache *c)
+{
+	struct bio_list flushes;
+	struct bio *bio;
+
+	spin_lock_irq(&c->defer_lock);
+	flushes = c->ep_flushes;
+	bio_list_init(&c->ep_flushes);
+	spin_unlock_irq(&c->defer_lock);
+	while ((bio = bio_list_pop(&flushes)))
+		tc_flush_epoch(c, bio);
+	tc_wake_wb_waiters(c);
+}
+
+/*
  * Empty flushes: bio 0 commits the metadata (which flushes the cache
  * device first), bio 1 goes to the origin.
  */
@@ -384,7 +506,7 @@ static int tc_map_flush(struct tc_cache *c, struct bio *bio)
 		return DM_MAPIO_SUBMITTED;
 	}
 	if (dm_bio_get_target_bio_nr(bio) == 0) {
-		tc_meta_queue_bio(c, bio);
+		tc_flush_epoch(c, bio);
 		return DM_MAPIO_SUBMITTED;
 	}
 	bio_set_dev(bio, c->origin_bdev);
@@ -414,6 +536,7 @@ int tc_map(struct dm_target *ti, struct bio *bio)
 	pb->discard = false;
 	pb->meta_new = false;
 	pb->again = false;
+	pb->cow_from = TC_SLOT_NONE;
 	pb->fua = bio->bi_opf & REQ_FUA;
 	pb->holder.granted = false;
 	pb->stage = TC_ST_NEW;
@@ -445,6 +568,19 @@ static void tc_record_new(struct tc_bio *pb)
 }
 
 /*
+ * The new version of a copy on write is dropped (its write failed, or the
+ * older version could not be read): the older one is the newest again.
+ */
+static void tc_drop_cow(struct tc_cache *c, struct tc_bio *pb)
+{
+	pb->meta_new = false;
+	if (tc_lookup(c, pb->block) == pb->slot)
+		tc_remove(c, pb->slot);
+	pb->slot = pb->cow_from;
+	pb->cow_from = TC_SLOT_NONE;
+}
+
+/*
  * The cache device failed a bio that has a good copy elsewhere: a read of
  * a clean block (the origin holds it), a write to a fresh slot or to a
  * clean copy (the write can go around the cache).  Take it back: it goes
@@ -466,6 +602,13 @@ static bool tc_cache_failed(struct tc_bio *pb, struct bio *bio,
 		}
 	} else {
 		tc_cache_fail(c, blk_status_to_errno(error), "write");
+		if (pb->cow_from != TC_SLOT_NONE) {
+			/* every version goes: see tc_write_failed() */
+			tc_drop_cow(c, pb);
+			pb->stage = TC_ST_AGAIN;
+			tc_queue_io(c, bio);
+			return true;
+		}
 		if (!pb->meta_new && !pb->was_clean) {
 			/* a dirty block's: now a write to the failed cache */
 			pb->stage = TC_ST_AGAIN;
@@ -558,6 +701,12 @@ static void tc_pb_put(struct tc_bio *pb)
 		break;
 	case TC_ST_DROP_WRITE:
 		pb->stage = TC_ST_DROP_DONE;
+		break;
+	case TC_ST_COW_READ:
+		pb->stage = TC_ST_COW_WRITE;
+		break;
+	case TC_ST_COW_WRITE:
+		pb->stage = TC_ST_COW_DONE;
 		break;
 	default:
 		pb->stage = TC_ST_PROMOTE_DONE;
@@ -696,6 +845,7 @@ static void tc_again(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 {
 	pb->stage = TC_ST_NEW;
 	pb->again = true;
+	pb->cow_from = TC_SLOT_NONE;
 	pb->to_cache = false;
 	pb->cache_status = BLK_STS_OK;
 	bio->bi_iter = pb->iter;
@@ -760,14 +910,78 @@ static void tc_fua_done(struct tc_cache *c, struct bio *bio,
 	if (pb->cache_status) {
 		tc_cache_fail(c, blk_status_to_errno(pb->cache_status),
 			      "write");
-		if (pb->meta_new || pb->was_clean)
+		if (pb->cow_from != TC_SLOT_NONE) {
+			tc_drop_cow(c, pb);
+		} else if (pb->meta_new || pb->was_clean) {
 			tc_to_origin(c, bio, pb);
-		else
-			tc_again(c, bio, pb);
+			return;
+		}
+		tc_again(c, bio, pb);
 		return;
 	}
 	tc_record_new(pb);
 	tc_meta_queue_bio(c, bio);
+}
+
+/*
+ * A copy on write of part of a block (tc_write_cow()): the older version
+ * is read from its slot into a buffer of the target's own.
+ */
+static void tc_cow_read(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
+{
+	if (tc_buf_alloc(NULL, &pb->buf, tc_block_bytes(c))) {
+		DMERR_LIMIT("%s: no memory to copy block %llu for a new epoch",
+			    c->name, pb->block);
+		tc_drop_cow(c, pb);
+		bio->bi_status = BLK_STS_RESOURCE;
+		bio_endio(bio);
+		return;
+	}
+	tc_submit_buf(c, pb, c->cache_bdev, tc_slot_sector(c, pb->cow_from),
+		      REQ_OP_READ);
+}
+
+/* The copy ended badly: the cache failed, the write goes through it again. */
+static void tc_cow_failed(struct tc_cache *c, struct bio *bio,
+			  struct tc_bio *pb, const char *what)
+{
+	tc_buf_free(NULL, &pb->buf);
+	tc_cache_fail(c, blk_status_to_errno(pb->cache_status), what);
+	tc_drop_cow(c, pb);
+	tc_again(c, bio, pb);
+}
+
+/* The older version is in the buffer: the write is merged, then written. */
+static void tc_cow_write(struct tc_cache *c, struct bio *bio,
+			 struct tc_bio *pb)
+{
+	sector_t first = pb->block << c->block_shift;
+
+	if (pb->cache_status) {
+		tc_cow_failed(c, bio, pb, "read of a dirty block");
+		return;
+	}
+	tc_buf_copy_from_bio(&pb->buf,
+			     (bio->bi_iter.bi_sector - first) << SECTOR_SHIFT,
+			     bio);
+	tc_submit_buf(c, pb, c->cache_bdev, tc_slot_sector(c, pb->slot),
+		      REQ_OP_WRITE);
+}
+
+/* The new version is written: recorded, and a FUA write committed. */
+static void tc_cow_done(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
+{
+	if (pb->cache_status) {
+		tc_cow_failed(c, bio, pb, "write");
+		return;
+	}
+	tc_buf_free(NULL, &pb->buf);
+	tc_record_new(pb);
+	if (pb->fua) {
+		tc_meta_queue_bio(c, bio);
+		return;
+	}
+	bio_endio(bio);
 }
 
 /*
@@ -828,7 +1042,7 @@ static void tc_drop_done(struct tc_cache *c, struct bio *bio,
 	tc_buf_free(NULL, &pb->buf);
 	if (!pb->status) {
 		if (tc_lookup(c, pb->block) == pb->slot)
-			tc_remove(c, pb->slot);
+			tc_remove_chain(c, pb->block);
 		if (tc_around_needs_commit(c, pb) && tc_meta_commit(c))
 			pb->status = BLK_STS_IOERR;
 	}
@@ -870,6 +1084,15 @@ static void tc_process(struct tc_cache *c, struct bio *bio)
 		break;
 	case TC_ST_DROP_DONE:
 		tc_drop_done(c, bio, pb);
+		break;
+	case TC_ST_COW_READ:
+		tc_cow_read(c, bio, pb);
+		break;
+	case TC_ST_COW_WRITE:
+		tc_cow_write(c, bio, pb);
+		break;
+	case TC_ST_COW_DONE:
+		tc_cow_done(c, bio, pb);
 		break;
 	case TC_ST_BOTH:
 		tc_issue_both(c, bio, pb);
@@ -1003,7 +1226,13 @@ static bool tc_discard_range(struct tc_cache *c, u64 lo, u64 hi, u64 first,
 static void tc_discard(struct tc_cache *c, struct bio *bio)
 {
 	struct tc_bio *pb = dm_per_bio_data(bio, sizeof(struct tc_bio));
-	bool passdown = bdev_max_discard_sectors(c->origin_bdev);
+	/*
+	 * While older epochs are not all on the origin, the origin is not
+	 * discarded (a state after a power cut at an older flush may still
+	 * need the data), and only clean copies are dropped.
+	 */
+	bool passdown = bdev_max_discard_sectors(c->origin_bdev) &&
+			!tc_older_epochs(c);
 	sector_t start = bio->bi_iter.bi_sector;
 	u64 first = (start + c->block_sectors - 1) >> c->block_shift;
 	u64 end = min_t(u64, bio_end_sector(bio) >> c->block_shift,

@@ -235,6 +235,8 @@ static void tc_meta_want_block(struct tc_cache *c, u64 mb, u64 seq)
 		w->valid = test_bit(s, m->want_valid);
 		w->dirty = test_bit(s, m->want_dirty);
 		w->block = w->valid ? tc_slot_origin(c, s) : 0;
+		w->epoch = w->dirty ? (u16)tc_epoch_of(&c->ix.ep, s,
+						       m->commit_epoch) : 0;
 		w->seq = late && test_bit(s, m->late) ? seq + 1 : seq;
 		__assign_bit(s, m->wrote_clean, !w->dirty);
 	}
@@ -257,7 +259,8 @@ static bool tc_meta_entry_right(u32 slot, const struct tc_disk_entry *d,
 	if (!w->valid)
 		return tc_de_free(r);
 	return (r == TC_DE_CLEAN || r == TC_DE_DIRTY_OK) &&
-	       info.dirty == w->dirty && info.block == w->block;
+	       info.dirty == w->dirty && info.block == w->block &&
+	       info.epoch == w->epoch;
 }
 
 /*
@@ -285,7 +288,7 @@ static void tc_meta_fill_block(struct tc_cache *c, u64 mb, void *blk,
 			tc_de_encode_empty(d);
 		else
 			tc_de_encode(d, s, w->block, w->dirty, w->seq, m->gen,
-				     0);
+				     w->epoch);
 	}
 	/* past the last slot: the rest of the last block stays as it is */
 }
@@ -409,6 +412,7 @@ static int tc_meta_write_sb(struct tc_cache *c, u64 seq)
 		.origin_sectors = m->origin_sectors,
 		.gen = m->gen,
 		.flags = m->sb_flags,
+		.epoch = m->commit_epoch,
 	};
 
 	memcpy(i.uuid, m->uuid, sizeof(i.uuid));
@@ -512,6 +516,8 @@ int tc_meta_commit(struct tc_cache *c)
 	}
 	r = blkdev_issue_flush(c->cache_bdev);
 	if (!r) {
+		/* before the snapshot: every dirty entry it writes is newer */
+		m->commit_epoch = tc_epoch_oldest(&c->ix.ep);
 		seq = tc_meta_snapshot(m, &any);
 		if (any) {
 			r = tc_meta_write_blocks(c, seq);
@@ -521,6 +527,7 @@ int tc_meta_commit(struct tc_cache *c)
 				tc_meta_unsnap(m);
 			} else {
 				m->committed_seq = seq;
+				tc_epoch_set_floor(&c->ix.ep, m->commit_epoch);
 				atomic64_inc(&m->commits);
 				tc_meta_after_commit(c);
 			}
@@ -703,6 +710,8 @@ static int tc_meta_format(struct tc_cache *c, const struct tc_sb_info *old,
 	}
 	m->committed_seq = 1;
 	m->open_seq = 2;
+	m->version = TC_DISK_VERSION;
+	m->commit_epoch = 0;
 	DMINFO("%s: formatted the cache device: %llu slots, data from sector %llu, generation %u",
 	       c->name, m->layout.nr_slots, m->layout.data_start, m->gen);
 	return 0;
@@ -723,18 +732,23 @@ static void tc_meta_report(struct tc_cache *c, u32 slot, enum tc_de_result r,
 		      slot, tc_de_result_str(r));
 }
 
-/* Index one committed dirty block found on disk. */
-static int tc_meta_load_dirty(struct tc_cache *c, u32 slot, u64 block)
+/*
+ * Index one committed dirty block found on disk, a version of @epoch.  A
+ * block may be dirty in several slots, one per epoch (tc_disk.h).
+ */
+static int tc_meta_load_dirty(struct tc_cache *c, u32 slot, u64 block,
+			      u64 epoch)
 {
 	u32 other = tc_lookup(c, block);
 	int r;
 
-	if (other != TC_SLOT_NONE) {
-		DMERR("%s: corrupt metadata: block %llu is dirty in slots %u and %u",
+	r = tc_index_load(c, slot, block, epoch);
+	if (r == -EUCLEAN && other != TC_SLOT_NONE)
+		DMERR("%s: corrupt metadata: block %llu is dirty in slots %u and %u of one epoch",
 		      c->name, block, other, slot);
-		return -EUCLEAN;
-	}
-	r = tc_index_load(c, slot, block);
+	else if (r == -EUCLEAN)
+		DMERR("%s: corrupt metadata: slot %u's epoch %llu is not live (superblock epoch %llu)",
+		      c->name, slot, epoch, c->ix.ep.floor);
 	if (r)
 		return r;
 	if (!__test_and_set_bit(slot, c->meta.disk_dirty))
@@ -755,7 +769,7 @@ static int tc_meta_load_entry(struct tc_cache *c, u32 s,
 	int r;
 
 	res = tc_de_decode(d, s, c->nr_blocks, m->committed_seq, m->gen,
-			   TC_DISK_VERSION, &info);
+			   m->version, &info);
 	switch (res) {
 	case TC_DE_EMPTY:
 	case TC_DE_FOREIGN:	/* another generation's, or leftover bytes */
@@ -767,7 +781,8 @@ static int tc_meta_load_entry(struct tc_cache *c, u32 s,
 		ld->nr_stale++;
 		return 0;
 	case TC_DE_DIRTY_OK:
-		r = tc_meta_load_dirty(c, s, info.block);
+		r = tc_meta_load_dirty(c, s, info.block,
+				       tc_disk_epoch(c->ix.ep.floor, info.epoch));
 		if (r == -EUCLEAN)
 			ld->nr_bad++;
 		else if (r)
@@ -872,6 +887,9 @@ static int tc_meta_load(struct tc_cache *c, struct tc_target *t,
 	m->committed_seq = i->commit_seq;
 	m->open_seq = i->commit_seq + 1;
 	m->gen = i->gen;
+	m->version = i->version;
+	m->commit_epoch = i->epoch;
+	tc_epoch_load_begin(&c->ix.ep, i->epoch);
 	r = tc_meta_load_entries(c, error);
 	if (r)
 		return r;

@@ -168,9 +168,15 @@ static void tc_emit_info(struct tc_cache *c, char *result, unsigned int maxlen,
 	u64 blocks = atomic64_read(&s->wb_blocks);
 	u64 sectors = atomic64_read(&s->wb_sectors);
 	u64 ratio = reqs ? div64_u64(blocks * 100, reqs) : 0;
+	/* the oldest first: it never passes the open one */
+	u64 ep_oldest = tc_epoch_oldest(&c->ix.ep);
+	u64 ep_cur;
 	unsigned int sz = *sz_ptr;
 
-	DMEMIT("%s %u %u/%u %u %llu %llu %llu %llu %llu %s %llu %llu %llu %llu %llu.%02llu %lld %d %d %lu %d %lld %d %d",
+	smp_rmb();	/* the oldest read first */
+	ep_cur = tc_epoch_cur(&c->ix.ep);
+
+	DMEMIT("%s %u %u/%u %u %llu %llu %llu %llu %llu %s %llu %llu %llu %llu %llu.%02llu %lld %d %d %lu %d %lld %d %d %llu %llu",
 	       tc_mode_name(c->mode), c->block_sectors, tc_nr_used(c),
 	       c->nr_slots, tc_nr_dirty(c),
 	       tc_stat_sum(c, TC_S_READ_HIT), tc_stat_sum(c, TC_S_READ_MISS),
@@ -183,7 +189,7 @@ static void tc_emit_info(struct tc_cache *c, char *result, unsigned int maxlen,
 	       atomic_read(&s->inflight_max), READ_ONCE(c->fl.error),
 	       READ_ONCE(c->fl.flushes), READ_ONCE(c->cleaner) ? 1 : 0,
 	       atomic64_read(&c->meta.commits), READ_ONCE(c->meta.error),
-	       READ_ONCE(c->failed));
+	       READ_ONCE(c->failed), ep_oldest, ep_cur);
 	*sz_ptr = sz;
 }
 

@@ -46,6 +46,7 @@ enum tc_key {
 	TC_KEY_LOW_WATERMARK,
 	TC_KEY_FLUSH_ON_SUSPEND,
 	TC_KEY_COMMIT_MS,
+	TC_KEY_ORDERED,
 	TC_NR_KEYS,
 };
 
@@ -137,6 +138,7 @@ enum tc_flush_bits {
 	TC_FL_PAUSED,		/* background paused after an error */
 	TC_FL_PASS_END,		/* pass over: waiting for its requests */
 	TC_FL_RESV_READY,	/* the reservation holds its block */
+	TC_FL_EPOCH_WAIT,	/* writes or flushes wait for an epoch */
 };
 
 struct tc_flush {
@@ -144,6 +146,8 @@ struct tc_flush {
 	struct work_struct done_work;	/* completions in process context */
 	unsigned long bits;		/* enum tc_flush_bits */
 	u64 cursor;			/* next origin block of the sweep */
+	u64 pass_epoch;			/* the epoch this pass writes back */
+	u64 full_epoch;			/* the newest a full flush owes */
 	u32 full_gen;			/* full flushes begun */
 	bool pass_skipped;		/* a dirty block was busy this pass */
 	bool pass_issued;		/* a request was issued this pass */
@@ -175,6 +179,7 @@ struct tc_meta_want {
 	u64 seq;
 	bool valid;
 	bool dirty;
+	u16 epoch;			/* a dirty version's, low bits */
 };
 
 struct tc_meta {
@@ -199,6 +204,8 @@ struct tc_meta {
 	u64 open_seq;			/* the commit new changes go to */
 	u64 committed_seq;
 	u32 gen;			/* format generation (tc_disk.h) */
+	u32 version;			/* the format version loaded */
+	u64 commit_epoch;		/* the superblock's epoch (tc_disk.h) */
 	u32 sb_flags;			/* TC_SB_* the superblock gets */
 	bool force_sb;			/* commit even if nothing changed */
 	bool any_changed;		/* a block is marked in changed */
@@ -263,8 +270,10 @@ struct tc_cache {
 	int failed;			/* 0, or the error that latched it */
 	struct work_struct fail_work;	/* raises the dm event of the latch */
 	struct bio_list wb_wait;	/* writes waiting for their slot's
-					 * writeback request (defer_lock)
+					 * writeback request, or for an
+					 * older epoch (defer_lock)
 					 */
+	struct bio_list ep_flushes;	/* flushes waiting for an epoch */
 
 	struct tc_stats stats;
 	struct tc_flush fl;
@@ -326,6 +335,11 @@ enum tc_stage {
 				 * block to the origin (FUA)
 				 */
 	TC_ST_DROP_DONE,	/* origin write ended: drop the slot */
+	TC_ST_COW_READ,		/* partial write to an older epoch's
+				 * version: read it for the new slot
+				 */
+	TC_ST_COW_WRITE,	/* merged: write the new slot */
+	TC_ST_COW_DONE,		/* new slot written: record it */
 };
 
 struct tc_bio {
@@ -340,6 +354,7 @@ struct tc_bio {
 					 */
 	enum tc_stage stage;
 	u32 slot;			/* for promotion */
+	u32 cow_from;			/* copy on write: the older version */
 	u64 block;
 	bool meta_new;			/* record the new dirty slot at end_io */
 	atomic_t pending;		/* clones in flight */
@@ -401,6 +416,7 @@ void tc_requeue(void *ctx, struct bio_list *bios);
 struct tc_holder *tc_holder_of(struct bio *bio);
 void tc_queue_io(struct tc_cache *c, struct bio *bio);
 void tc_wake_wb_waiters(struct tc_cache *c);
+void tc_epoch_waiters_go(struct tc_cache *c);
 
 /* ---- tc_flush.c ---- */
 
