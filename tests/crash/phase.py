@@ -122,6 +122,8 @@ def load_module(p):
 
 def table(p, cache, origin, fmt):
     keys = dict(KEYS, commit_ms=p["commit_ms"])
+    if p.get("ordered"):
+        keys["ordered"] = 1
     return tclib.TierCache.make_table(origin, cache, 8, "writeback", keys, fmt=fmt)
 
 
@@ -282,8 +284,8 @@ class Checker:
 
 
 def cache_entries(cache):
-    """(commit_seq, committed dirty blocks as a list, uncommitted dirty
-    entries) read from the cache device (tcdisk.py).  Entries newer than
+    """(commit_seq, committed dirty versions as a list of (block, epoch),
+    uncommitted dirty entries) read from the cache device (tcdisk.py).  Entries newer than
     the superblock's commit_seq belong to an unfinished commit and do not
     count; entries of another format generation read as empty."""
     raw = tclib.read_direct(cache, 0, B)
@@ -293,7 +295,7 @@ def cache_entries(cache):
     dirty, uncommitted = [], 0
     for _s, e in tcdisk.entries(area, sb):
         if e.state == tcdisk.DIRTY:
-            dirty.append(e.block)
+            dirty.append((e.block, e.epoch))
         elif e.state == tcdisk.UNCOMMITTED and e.dirty:
             uncommitted += 1
     return sb.commit_seq, dirty, uncommitted
@@ -318,12 +320,19 @@ def check_phase(res, p):
     commit_seq, dirty, uncommitted = cache_entries(cache)
     v["checks"]["entries"] = {"commit_seq": commit_seq, "dirty": len(dirty),
                               "uncommitted_dirty": uncommitted}
-    if len(set(dirty)) != len(dirty):
-        fail("two committed dirty entries for one block")
-    stray = sorted(set(dirty) - c.written)
+    blocks = [b for b, _e in dirty]
+    # under ordered, one version per epoch; else one per block
+    if len(set(dirty)) != len(dirty) or \
+            (not p.get("ordered") and len(set(blocks)) != len(blocks)):
+        fail("two committed dirty entries for one block"
+             + (" in one epoch" if p.get("ordered") else ""))
+    epochs = sorted({e for _b, e in dirty})
+    v["checks"]["entries"]["versions"] = len(dirty) - len(set(blocks))
+    v["checks"]["entries"]["epochs"] = len(epochs)
+    stray = sorted(set(blocks) - c.written)
     if stray:
         fail(f"{len(stray)} committed dirty entries name blocks never written: {stray[:10]}")
-    missing = sorted(set(c.acked) - set(dirty))
+    missing = sorted(set(c.acked) - set(blocks))
     if missing:
         fail(f"{len(missing)} blocks acknowledged before the last flush point have no "
              f"committed dirty entry: {missing[:10]}")
@@ -350,6 +359,18 @@ def check_phase(res, p):
              f"flush point) .. {hi} (plus every block written after it)")
     if st["dirty"] != len(dirty):
         fail(f"status dirty {st['dirty']} != {len(dirty)} committed dirty entries on disk")
+    if p.get("ordered") and epochs:
+        # the load resumes the epochs: the oldest is the oldest on disk,
+        # writes go to a new one after the newest
+        got = (st["epoch_oldest"], st["epoch_current"])
+        want = (epochs[0], epochs[-1] + 1)
+        v["checks"]["epochs"] = {"status": got, "entries": [epochs[0], epochs[-1]]}
+        if got != want and got != (epochs[0], epochs[-1]):
+            fail(f"status epochs {got} after the load: the entries hold epochs "
+                 f"{epochs[0]}..{epochs[-1]}")
+    if p.get("ordered") and not v["checks"]["entries"]["versions"]:
+        fail("no block has two versions on the crash image: the ordered run "
+             "tested no copy on write")
 
     def scan(path, what, key):
         c.nbad, c.errors, c.stats = 0, [], dict.fromkeys(c.stats, 0)

@@ -48,7 +48,7 @@ TC_KVM=${TC_KVM:-auto}
 TC_VM_LOCK=${TC_VM_LOCK-/tmp/tiercache-vm.lock}
 SEED=${TC_CRASH_SEED:-$(( $(date +%s) % 1000000 ))}
 TIMEOUT=${TC_CRASH_TIMEOUT:-900}
-COMMIT_MS=${TC_CRASH_COMMIT_MS:-600000 1000}
+COMMIT_MS=${TC_CRASH_COMMIT_MS:-600000 1000 1000:ordered}
 TOP=${1:-$REPO/results/crash-$(date +%Y%m%d-%H%M%S)-$$}
 mkdir -p "$TOP"
 TOP=$(cd "$TOP" && pwd)
@@ -85,10 +85,12 @@ pass=() fail=()
 for cm in $COMMIT_MS; do
 	say "=== commit_ms $cm"
 	# a job, not a command substitution: set -e holds inside it
-	rm -f "$TOP/commit_ms-$cm/result"
-	run_one "$TOP/commit_ms-$cm" "$cm" &
+	# "N:ordered": commit_ms N with the ordered policy
+	dir=$TOP/commit_ms-${cm/:/-}
+	rm -f "$dir/result"
+	run_one "$dir" "${cm%%:*}" "$([ "${cm#*:}" = ordered ] && echo 1 || echo 0)" &
 	wait $! || true
-	line=$(cat "$TOP/commit_ms-$cm/result" 2>/dev/null || true)
+	line=$(cat "$dir/result" 2>/dev/null || true)
 	case "$line" in
 	"run: PASS: "*) pass+=("commit_ms $cm: ${line#run: PASS: }") ;;
 	"run: FAIL: "*) fail+=("commit_ms $cm: ${line#run: FAIL: }") ;;
@@ -107,7 +109,7 @@ fi
 # One write-kill-check cycle in RES with commit_ms CM; leaves
 # "run: PASS|FAIL: detail" in RES/result.
 run_one() {
-local RES=$1 CM=$2
+local RES=$1 CM=$2 ORDERED=${3:-0}
 mkdir -p "$RES"
 rm -f "$RES"/{ready,not-killed,journal.jsonl,verdict.json,params.json} \
 	"$RES"/dmesg-boot{1,2}.txt "$RES"/console-boot{1,2}.log "$RES"/dmesg-bad.txt
@@ -129,7 +131,7 @@ with open(path, "wb") as f:
 python3 - "$RES/params.json" <<EOF
 import json, sys
 json.dump({"seed": $SEED, "cache_bytes": 32 << 20, "origin_bytes": 64 << 20,
-           "ko": "$KO", "tool": "$TOOL", "commit_ms": $CM,
+           "ko": "$KO", "tool": "$TOOL", "commit_ms": $CM, "ordered": $ORDERED,
            "rounds": 6, "round_writes": 250, "rewrite_blocks": 300,
            "new_blocks": 300, "ready_after": 200, "unflushed_max_s": 600},
           open(sys.argv[1], "w"), indent=1)
