@@ -124,7 +124,7 @@ int tc_args_set(struct tc_args *a, const char *key, const char *value,
 	int k = tc_find_key(key);
 
 	if (k < 0) {
-		*error = "Unknown key (flush_depth, max_flush_kb, bridge_gap_kb, high_watermark, low_watermark, flush_on_suspend, commit_ms)";
+		*error = "Unknown key (flush_depth, max_flush_kb, bridge_gap_kb, high_watermark, low_watermark, flush_on_suspend, commit_ms, ordered)";
 		DMERR("Unknown key: %s", key);
 		return -EINVAL;
 	}

@@ -14,7 +14,8 @@ int tc_epochs_create(struct tc_epochs *e, u32 nr_slots)
 {
 	int i;
 
-	e->tag = kvmalloc_array(nr_slots, sizeof(*e->tag), GFP_KERNEL);
+	e->tag = kvmalloc_array(nr_slots, sizeof(*e->tag),
+				GFP_KERNEL | __GFP_ZERO);
 	if (!e->tag)
 		return -ENOMEM;
 	for (i = 0; i < TC_EPOCH_TAGS; i++)
@@ -22,6 +23,7 @@ int tc_epochs_create(struct tc_epochs *e, u32 nr_slots)
 	e->oldest = 0;
 	e->cur = 0;
 	e->floor = 0;
+	e->retiring = U64_MAX;
 	spin_lock_init(&e->lock);
 	return 0;
 }
@@ -45,8 +47,12 @@ u8 tc_epoch_enter(struct tc_epochs *e, u32 slot)
 		atomic_inc(&e->nr[(u8)ep]);
 		/* counted, then the retirement read: see tc_epoch_retire() */
 		smp_mb__after_atomic();
-		if (READ_ONCE(e->oldest) <= ep)
-			break;
+		if (READ_ONCE(e->retiring) != ep) {
+			/* a retirement over: its oldest is seen */
+			smp_rmb();
+			if (READ_ONCE(e->oldest) <= ep)
+				break;
+		}
 		/* retired under our feet: a later epoch is open */
 		atomic_dec(&e->nr[(u8)ep]);
 	}
@@ -65,6 +71,16 @@ void tc_epoch_leave(struct tc_epochs *e, u32 slot)
  * next.  Nothing written since the last one: no new epoch is needed.
  * Returns false if one more live epoch is not allowed now.
  */
+/* Could a flush open an epoch now?  (A hint: the caller re-checks.) */
+bool tc_epoch_can_open(struct tc_epochs *e)
+{
+	u64 cur = READ_ONCE(e->cur);
+
+	return !atomic_read(&e->nr[(u8)cur]) ||
+	       cur + 1 <= min(READ_ONCE(e->oldest), READ_ONCE(e->floor)) +
+			  TC_EPOCH_SPAN;
+}
+
 bool tc_epoch_open(struct tc_epochs *e)
 {
 	bool ok = true;
@@ -95,13 +111,16 @@ bool tc_epoch_retire(struct tc_epochs *e)
 	spin_lock(&e->lock);
 	ep = e->oldest;
 	if (ep < e->cur && !atomic_read(&e->nr[(u8)ep])) {
-		WRITE_ONCE(e->oldest, ep + 1);
-		/* retired, then the count read again: see tc_epoch_enter() */
+		WRITE_ONCE(e->retiring, ep);
+		/* announced, then the count read again: see tc_epoch_enter() */
 		smp_mb();
-		if (atomic_read(&e->nr[(u8)ep]))
-			WRITE_ONCE(e->oldest, ep);	/* a late writer */
-		else
+		if (!atomic_read(&e->nr[(u8)ep])) {
+			WRITE_ONCE(e->oldest, ep + 1);
 			done = true;
+		}
+		/* a late writer otherwise: it stays */
+		smp_wmb();	/* oldest before the announcement goes */
+		WRITE_ONCE(e->retiring, U64_MAX);
 	}
 	spin_unlock(&e->lock);
 	return done;
@@ -134,6 +153,7 @@ u32 tc_epoch_nr(struct tc_epochs *e, u64 epoch)
 
 void tc_epoch_load_begin(struct tc_epochs *e, u64 floor)
 {
+	e->retiring = U64_MAX;
 	e->floor = floor;
 	e->oldest = floor;
 	e->cur = floor;

@@ -66,6 +66,7 @@ struct tc_wb_blk {
 	bool dirty;
 	bool owed;			/* took OWED: give it back unwritten */
 	bool held;			/* h is in the lock table */
+	bool keep;			/* an older version: locked to the end */
 };
 
 struct tc_wb_req {
@@ -143,7 +144,8 @@ static bool tc_wb_wanted(struct tc_cache *c)
 	if (READ_ONCE(c->cleaner) && tc_nr_dirty(c))
 		return true;
 	/* writes or a flush wait for the oldest epoch to go */
-	if (test_bit(TC_FL_EPOCH_WAIT, &fl->bits))
+	if (test_bit(TC_FL_EPOCH_WAIT, &fl->bits) &&
+	    tc_epoch_oldest(&c->ix.ep) != tc_epoch_cur(&c->ix.ep))
 		return true;
 	return test_bit(TC_FL_BACKGROUND, &fl->bits);
 }
@@ -185,6 +187,7 @@ static enum tc_blk_kind tc_gather_take(void *ctx, u64 b)
 	blk->held = false;
 	blk->dirty = false;
 	blk->owed = false;
+	blk->keep = false;
 	blk->slot = TC_SLOT_NONE;
 	if (!tc_wb_trylock(c, &blk->h, b)) {
 		g->lock_busy = true;
@@ -210,6 +213,12 @@ static enum tc_blk_kind tc_gather_take(void *ctx, u64 b)
 		blk->held = false;
 		return TC_BLK_BUSY;
 	}
+	/*
+	 * An older version keeps its lock until the request is done: it is
+	 * then dropped, which needs the lock, and writers must not keep it
+	 * from that (its epoch could never retire).
+	 */
+	blk->keep = tc_lookup(c, b) != blk->slot;
 	return TC_BLK_DIRTY;
 }
 
@@ -281,8 +290,10 @@ static void tc_wb_reserve(struct tc_cache *c, u64 b)
 {
 	struct tc_flush *fl = &c->fl;
 
+	/* a closed epoch must be written whole before the next one */
 	if (tc_wb_has_resv(fl) ||
-	    (!test_bit(TC_FL_FULL, &fl->bits) && !READ_ONCE(c->cleaner)))
+	    (!test_bit(TC_FL_FULL, &fl->bits) && !READ_ONCE(c->cleaner) &&
+	     fl->pass_epoch == tc_epoch_cur(&c->ix.ep)))
 		return;
 	if (tc_lock_or_reserve(&c->locks, &fl->resv, b, TC_LK_WB))
 		set_bit(TC_FL_RESV_READY, &fl->bits);
@@ -602,7 +613,10 @@ static void tc_wb_begin_read(struct tc_cache *c, struct tc_wb_req *req)
 
 /* ---- stage 2: one write to the origin ---- */
 
-/* Let go of the locks of @req's dirty blocks (@dirty) or holes. */
+/*
+ * Let go of the locks of @req's dirty blocks (@dirty) or holes, but not
+ * of an older version's: it keeps its lock to the end (tc_wb_release()).
+ */
 static void tc_wb_unlock(struct tc_cache *c, struct tc_wb_req *req, bool dirty)
 {
 	u32 i;
@@ -610,7 +624,7 @@ static void tc_wb_unlock(struct tc_cache *c, struct tc_wb_req *req, bool dirty)
 	for (i = 0; i < req->nr; i++) {
 		struct tc_wb_blk *blk = &req->blks[i];
 
-		if (blk->held && blk->dirty == dirty) {
+		if (blk->held && blk->dirty == dirty && !blk->keep) {
 			tc_unlock(&c->locks, &blk->h);
 			blk->held = false;
 		}
@@ -693,6 +707,11 @@ static void tc_wb_finish_blk(struct tc_cache *c, struct tc_wb_req *req, u32 i,
 	if (test_bit(TC_FL_FULL, &c->fl.bits) &&
 	    req->full_gen == READ_ONCE(c->fl.full_gen))
 		tc_wb_pay(c, blk->slot, req->full_gen);
+	if (blk->held) {
+		/* an older version, locked since it was taken */
+		tc_wb_written(c, blk->slot);
+		return;
+	}
 	if (tc_trylock(&c->locks, &blk->h, req->first + i, TC_LK_WB)) {
 		tc_wb_written(c, blk->slot);
 		tc_unlock(&c->locks, &blk->h);
@@ -709,10 +728,20 @@ static void tc_wb_release(struct tc_cache *c, struct tc_wb_req *req,
 	struct tc_flush *fl = &c->fl;
 	u32 i;
 
+	/* older versions under the lock they kept, then the others */
+	for (i = 0; i < req->nr; i++) {
+		struct tc_wb_blk *blk = &req->blks[i];
+
+		if (!blk->dirty || !blk->keep || WARN_ON_ONCE(!blk->held))
+			continue;
+		tc_wb_finish_blk(c, req, i, written);
+		tc_unlock(&c->locks, &blk->h);
+		blk->held = false;
+	}
 	tc_wb_unlock(c, req, true);
 	tc_wb_unlock(c, req, false);
 	for (i = 0; i < req->nr; i++)
-		if (req->blks[i].dirty)
+		if (req->blks[i].dirty && !req->blks[i].keep)
 			tc_wb_finish_blk(c, req, i, written);
 	if (wq_has_sleeper(&c->locks.wait))
 		wake_up(&c->locks.wait);
@@ -1003,10 +1032,40 @@ static void tc_wb_retire(struct tc_cache *c)
 
 	while (tc_epoch_retire(&c->ix.ep))
 		any = true;
+	/* nothing older left: no waiter can still be waiting for one */
+	if (test_bit(TC_FL_EPOCH_WAIT, &c->fl.bits) &&
+	    tc_epoch_oldest(&c->ix.ep) == tc_epoch_cur(&c->ix.ep))
+		any = true;
 	if (!any)
 		return;
 	clear_bit(TC_FL_EPOCH_WAIT, &c->fl.bits);
 	tc_epoch_waiters_go(c);
+}
+
+/*
+ * Before epoch e goes to the origin, a commit must have recorded every
+ * epoch before e - 1 clean: after a crash the load writes back what the
+ * disk still says is dirty, in epoch order, over whatever the origin has
+ * by then.  Epoch e - 1 written again over part of e leaves a state a
+ * power cut could (all of e - 1, part of e); an older one would not.
+ * False if the pass must wait for that commit (asked for here).
+ */
+static bool tc_wb_floor_ok(struct tc_cache *c)
+{
+	u64 ep = c->fl.pass_epoch;
+
+	/* a failed cache writes back what it can: the order is lost anyway */
+	if (ep <= READ_ONCE(c->ix.ep.floor) + 1 || tc_failed(c))
+		return true;
+	set_bit(TC_FL_FLOOR_WAIT, &c->fl.bits);
+	/* asked, then the floor read again: pairs with tc_meta_commit() */
+	smp_mb__after_atomic();
+	if (ep <= READ_ONCE(c->ix.ep.floor) + 1) {
+		clear_bit(TC_FL_FLOOR_WAIT, &c->fl.bits);
+		return true;
+	}
+	tc_meta_commit_floor(c);
+	return false;
 }
 
 static enum tc_pass_next tc_wb_end_pass(struct tc_cache *c)
@@ -1025,6 +1084,8 @@ static enum tc_pass_next tc_wb_end_pass(struct tc_cache *c)
 
 	if (!err)
 		tc_wb_retire(c);
+	else if (test_and_clear_bit(TC_FL_EPOCH_WAIT, &fl->bits))
+		tc_epoch_waiters_fail(c, err);
 	/* an older epoch than the full flush's still to write back */
 	more = test_bit(TC_FL_FULL, &fl->bits) && !err && !skipped &&
 	       fl->pass_epoch < fl->full_epoch;
@@ -1043,8 +1104,11 @@ static enum tc_pass_next tc_wb_end_pass(struct tc_cache *c)
 	if (!tc_wb_wanted(c))
 		return TC_PASS_IDLE;
 	/* the next epoch's pass */
-	if (more || (!skipped && tc_epoch_oldest(&c->ix.ep) != fl->pass_epoch))
+	if (!skipped && tc_epoch_oldest(&c->ix.ep) != fl->pass_epoch)
 		return TC_PASS_AGAIN;
+	/* an epoch not retired though nothing was skipped: not at once */
+	if (more && !issued)
+		return TC_PASS_LATER;
 	/* everything left was busy: its holders may need this workqueue */
 	if (skipped && !issued)
 		return TC_PASS_LATER;
@@ -1097,8 +1161,11 @@ static void tc_flush_work(struct work_struct *w)
 		    READ_ONCE(c->val[TC_KEY_FLUSH_DEPTH]))
 			return;		/* a write completion requeues us */
 		/* a pass writes back one epoch, the oldest */
-		if (!fl->cursor)
+		if (!fl->cursor) {
 			fl->pass_epoch = tc_epoch_oldest(&c->ix.ep);
+			if (!tc_wb_floor_ok(c))
+				return;	/* the commit kicks the engine */
+		}
 		req = tc_wb_gather_reserved(c);
 		if (!req)
 			req = tc_wb_gather(c, &fl->cursor);
@@ -1124,6 +1191,7 @@ static void tc_flush_work(struct work_struct *w)
 				tc_wb_later(c, 1);
 				return;
 			}
+			cond_resched();
 			continue;
 		}
 		if (!pool) {

@@ -432,10 +432,6 @@ int tc_mark_dirty(struct tc_cache *c, u32 slot)
 }
 
 /*
- * Loading: @slot holds @block, dirty on disk.  The engine is not running:
- * the slot joins the dirty order unsorted (tc_index_load_end() sorts).
- */
-/*
  * Loading: the versions of one block go into the map oldest first, so
  * that the newest comes first in the chain.  @slot, of @epoch, joins the
  * versions loaded before it.
@@ -481,6 +477,11 @@ out:
 	return r;
 }
 
+/*
+ * Loading: @slot holds @block, dirty on disk in @epoch.  The engine is not
+ * running: the slot joins the dirty order unsorted (tc_index_load_end()
+ * sorts).
+ */
 int tc_index_load(struct tc_cache *c, u32 slot, u64 block, u64 epoch)
 {
 	struct tc_index *ix = &c->ix;
@@ -684,6 +685,11 @@ void tc_wb_written(struct tc_cache *c, u32 slot)
 
 	if ((f & BIT(TC_SF_VALID)) &&
 	    tc_lookup(c, tc_slot_block(&c->ix.sl, slot)) != slot) {
+		if (f & BIT(TC_SF_REWRITTEN)) {
+			/* rewritten in its epoch before it became older */
+			tc_wb_drop(c, slot, 0, false);
+			return;
+		}
 		/* an older version: its epoch is on the origin, it goes */
 		tc_remove(c, slot);
 		tc_wb_drop(c, slot, BIT(TC_SF_OWED), false);
@@ -735,9 +741,11 @@ void tc_wb_let_go(struct tc_cache *c, u32 slot)
  */
 bool tc_wb_owed(struct tc_cache *c, u64 block)
 {
-	u32 s = tc_lookup_version(c, block, c->fl.pass_epoch);
+	u64 ep = READ_ONCE(c->fl.pass_epoch);
+	u32 s = tc_lookup_version(c, block, ep);
 
-	if (s == TC_SLOT_NONE)
+	/* a closed epoch must be written whole before the next one */
+	if (s == TC_SLOT_NONE || ep != tc_epoch_cur(&c->ix.ep))
 		return true;
 	return tc_slot_flags(&c->ix.sl, s) &
 	       (BIT(TC_SF_OWED) | BIT(TC_SF_WB));

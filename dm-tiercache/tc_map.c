@@ -235,6 +235,18 @@ static enum tc_action tc_write_cow(struct tc_cache *c, struct bio *bio,
 	return TC_CONTINUE;
 }
 
+/*
+ * A clean copy whose entry on disk may still say "dirty" in an older
+ * epoch than the open one (written back since the last commit): rewritten
+ * in place, a crash would load the new data as that epoch's and write it
+ * back before the epochs in between.
+ */
+static bool tc_stale_clean(struct tc_cache *c, u32 slot)
+{
+	return !tc_slot_dirty(c, slot) && tc_epoch_older(&c->ix.ep, slot) &&
+	       tc_meta_disk_dirty(c, slot);
+}
+
 static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 			       struct tc_bio *pb, u64 block)
 {
@@ -260,6 +272,11 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 			return tc_write_through(c, bio, pb, slot);
 		if (tc_epoch_needs_cow(c, slot))
 			return tc_write_cow(c, bio, pb, block, slot);
+		if (tc_stale_clean(c, slot)) {
+			/* as a miss: the copy goes, a fresh slot takes it */
+			tc_remove(c, slot);
+			goto miss;
+		}
 		pb->was_clean = !tc_slot_dirty(c, slot);
 		if (tc_mark_dirty(c, slot)) {
 			if (tc_older_epochs(c))
@@ -276,6 +293,7 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 	}
 	if (!pb->again)
 		tc_count(c, TC_S_WRITE_MISS);
+miss:
 	if (!tc_writes_dirty(c))
 		return TC_TO_ORIGIN;
 	if (tc_whole_block(c, bio) && tc_write_allocate(c, pb, block))
@@ -351,6 +369,11 @@ static void tc_wait_epoch(struct tc_cache *c, struct bio *bio,
 	pb->holder.granted = false;
 	pb->stage = TC_ST_NEW;
 	pb->again = true;
+	/* it starts over: nothing of this dispatch may stay */
+	pb->was_clean = false;
+	pb->meta_new = false;
+	pb->to_cache = false;
+	pb->cow_from = TC_SLOT_NONE;
 	spin_lock_irqsave(&c->defer_lock, flags);
 	bio_list_add(&c->wb_wait, bio);
 	spin_unlock_irqrestore(&c->defer_lock, flags);
@@ -462,7 +485,15 @@ static void tc_flush_epoch(struct tc_cache *c, struct bio *bio)
 		bio_list_add(&c->ep_flushes, bio);
 		spin_unlock_irqrestore(&c->defer_lock, flags);
 		set_bit(TC_FL_EPOCH_WAIT, &c->fl.bits);
-		tc_flush_kick(c);
+		/*
+		 * Parked, then the state read again: a failure, a retirement
+		 * or a commit since the test must not leave it waiting.
+		 */
+		smp_mb();
+		if (tc_failed(c) || tc_epoch_can_open(&c->ix.ep))
+			tc_epoch_waiters_go(c);
+		else
+			tc_flush_kick(c);
 		return;
 	}
 	tc_meta_queue_bio(c, bio);
@@ -484,6 +515,44 @@ void tc_epoch_waiters_go(struct tc_cache *c)
 	while ((bio = bio_list_pop(&flushes)))
 		tc_flush_epoch(c, bio);
 	tc_wake_wb_waiters(c);
+}
+
+/*
+ * Writeback failed while writes or flushes waited for an epoch to be
+ * written back: they fail with it rather than wait for an origin that may
+ * never take the epoch (a write waiting cannot go around the cache: an
+ * older version of its block would later be written over it).
+ */
+void tc_epoch_waiters_fail(struct tc_cache *c, int err)
+{
+	struct bio_list bios;
+	struct bio *bio;
+
+	spin_lock_irq(&c->defer_lock);
+	bios = c->ep_flushes;
+	bio_list_init(&c->ep_flushes);
+	spin_unlock_irq(&c->defer_lock);
+	while ((bio = bio_list_pop(&bios))) {
+		bio->bi_status = errno_to_blk_status(err);
+		bio_endio(bio);
+	}
+	spin_lock_irq(&c->defer_lock);
+	bios = c->wb_wait;
+	bio_list_init(&c->wb_wait);
+	spin_unlock_irq(&c->defer_lock);
+	while ((bio = bio_list_pop(&bios))) {
+		struct tc_bio *pb = dm_per_bio_data(bio, sizeof(struct tc_bio));
+
+		if (pb->locked) {
+			/* waits for its slot's writeback request: still does */
+			tc_wait_wb(c, bio, pb);
+			continue;
+		}
+		DMERR_LIMIT("%s: writeback error %d: a write waiting for an older epoch fails",
+			    c->name, err);
+		bio->bi_status = errno_to_blk_status(err);
+		bio_endio(bio);
+	}
 }
 
 /*
@@ -603,8 +672,7 @@ static bool tc_cache_failed(struct tc_bio *pb, struct bio *bio,
 	} else {
 		tc_cache_fail(c, blk_status_to_errno(error), "write");
 		if (pb->cow_from != TC_SLOT_NONE) {
-			/* every version goes: see tc_write_failed() */
-			tc_drop_cow(c, pb);
+			/* the copy goes in tc_again(), not in interrupt context */
 			pb->stage = TC_ST_AGAIN;
 			tc_queue_io(c, bio);
 			return true;
@@ -843,6 +911,8 @@ static void tc_mapped(struct bio *bio, int r)
  */
 static void tc_again(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 {
+	if (pb->cow_from != TC_SLOT_NONE)
+		tc_drop_cow(c, pb);	/* its write failed */
 	pb->stage = TC_ST_NEW;
 	pb->again = true;
 	pb->cow_from = TC_SLOT_NONE;
@@ -930,11 +1000,9 @@ static void tc_fua_done(struct tc_cache *c, struct bio *bio,
 static void tc_cow_read(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 {
 	if (tc_buf_alloc(NULL, &pb->buf, tc_block_bytes(c))) {
-		DMERR_LIMIT("%s: no memory to copy block %llu for a new epoch",
-			    c->name, pb->block);
+		/* no memory now: the copy goes, the write starts over later */
 		tc_drop_cow(c, pb);
-		bio->bi_status = BLK_STS_RESOURCE;
-		bio_endio(bio);
+		tc_wait_epoch(c, bio, pb);
 		return;
 	}
 	tc_submit_buf(c, pb, c->cache_bdev, tc_slot_sector(c, pb->cow_from),
@@ -1226,13 +1294,7 @@ static bool tc_discard_range(struct tc_cache *c, u64 lo, u64 hi, u64 first,
 static void tc_discard(struct tc_cache *c, struct bio *bio)
 {
 	struct tc_bio *pb = dm_per_bio_data(bio, sizeof(struct tc_bio));
-	/*
-	 * While older epochs are not all on the origin, the origin is not
-	 * discarded (a state after a power cut at an older flush may still
-	 * need the data), and only clean copies are dropped.
-	 */
-	bool passdown = bdev_max_discard_sectors(c->origin_bdev) &&
-			!tc_older_epochs(c);
+	bool passdown = bdev_max_discard_sectors(c->origin_bdev);
 	sector_t start = bio->bi_iter.bi_sector;
 	u64 first = (start + c->block_sectors - 1) >> c->block_shift;
 	u64 end = min_t(u64, bio_end_sector(bio) >> c->block_shift,
@@ -1241,11 +1303,21 @@ static void tc_discard(struct tc_cache *c, struct bio *bio)
 	u64 hi = min_t(u64, (bio_end_sector(bio) + c->block_sectors - 1) >>
 			    c->block_shift, c->nr_blocks);
 
-	if (!passdown)
-		end = first;	/* only clean copies go */
 	if (lo < hi) {
 		tc_range_lock(&c->locks, &pb->range, lo, hi);
 		pb->discard = true;
+	}
+	/*
+	 * While older epochs are not all on the origin, the origin is not
+	 * discarded (a state after a power cut at an older flush may still
+	 * need the data), and only clean copies are dropped.  Decided under
+	 * the range: no version of a block in it can appear meanwhile.
+	 */
+	if (tc_older_epochs(c))
+		passdown = false;
+	if (!passdown)
+		end = first;	/* only clean copies go */
+	if (lo < hi) {
 		if (tc_discard_range(c, lo, hi, first, end) &&
 		    tc_meta_commit(c)) {
 			bio_io_error(bio);

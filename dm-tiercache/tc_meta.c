@@ -484,6 +484,8 @@ static void tc_meta_mark_failed(struct tc_cache *c)
 	if (!c->meta_loaded || (m->sb_flags & TC_SB_FAILED))
 		return;
 	m->sb_flags |= TC_SB_FAILED;
+	/* the epoch bound of the commit the mark keeps, not the failed one's */
+	m->commit_epoch = m->committed_epoch;
 	r = tc_meta_write_sb(c, m->committed_seq);
 	if (r)
 		DMERR("%s: cannot mark the cache device's superblock failed (%d): do not load that device again without 'format'",
@@ -492,6 +494,8 @@ static void tc_meta_mark_failed(struct tc_cache *c)
 		DMINFO("%s: superblock marked failed: the cache device will not be loaded again as it is",
 		       c->name);
 }
+
+static void tc_meta_floor_moved(struct tc_cache *c);
 
 int tc_meta_commit(struct tc_cache *c)
 {
@@ -527,6 +531,7 @@ int tc_meta_commit(struct tc_cache *c)
 				tc_meta_unsnap(m);
 			} else {
 				m->committed_seq = seq;
+				m->committed_epoch = m->commit_epoch;
 				tc_epoch_set_floor(&c->ix.ep, m->commit_epoch);
 				atomic64_inc(&m->commits);
 				tc_meta_after_commit(c);
@@ -543,7 +548,32 @@ int tc_meta_commit(struct tc_cache *c)
 	if (r)
 		tc_cache_fail(c, r, "metadata commit");
 	tc_meta_end_bios(&bios, r);
+	if (!r)
+		tc_meta_floor_moved(c);
 	return r;
+}
+
+/*
+ * A commit wrote a new epoch bound: a writeback pass that waited for it
+ * goes on, and flushes that waited for a free epoch try again.
+ */
+static void tc_meta_floor_moved(struct tc_cache *c)
+{
+	if (test_and_clear_bit(TC_FL_FLOOR_WAIT, &c->fl.bits))
+		tc_flush_kick(c);
+	if (!bio_list_empty(&c->ep_flushes))	/* a hint: checked under lock */
+		tc_epoch_waiters_go(c);
+}
+
+/* A writeback pass waits for a commit that moves the epoch bound. */
+void tc_meta_commit_floor(struct tc_cache *c)
+{
+	struct tc_meta *m = &c->meta;
+
+	spin_lock_irq(&m->lock);
+	m->force_sb = true;
+	spin_unlock_irq(&m->lock);
+	tc_meta_kick(c);
 }
 
 static void tc_meta_commit_work(struct work_struct *w)
@@ -712,6 +742,7 @@ static int tc_meta_format(struct tc_cache *c, const struct tc_sb_info *old,
 	m->open_seq = 2;
 	m->version = TC_DISK_VERSION;
 	m->commit_epoch = 0;
+	m->committed_epoch = 0;
 	DMINFO("%s: formatted the cache device: %llu slots, data from sector %llu, generation %u",
 	       c->name, m->layout.nr_slots, m->layout.data_start, m->gen);
 	return 0;
@@ -889,6 +920,7 @@ static int tc_meta_load(struct tc_cache *c, struct tc_target *t,
 	m->gen = i->gen;
 	m->version = i->version;
 	m->commit_epoch = i->epoch;
+	m->committed_epoch = i->epoch;
 	tc_epoch_load_begin(&c->ix.ep, i->epoch);
 	r = tc_meta_load_entries(c, error);
 	if (r)

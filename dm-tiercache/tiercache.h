@@ -139,6 +139,7 @@ enum tc_flush_bits {
 	TC_FL_PASS_END,		/* pass over: waiting for its requests */
 	TC_FL_RESV_READY,	/* the reservation holds its block */
 	TC_FL_EPOCH_WAIT,	/* writes or flushes wait for an epoch */
+	TC_FL_FLOOR_WAIT,	/* a pass waits for a commit (floor) */
 };
 
 struct tc_flush {
@@ -206,6 +207,7 @@ struct tc_meta {
 	u32 gen;			/* format generation (tc_disk.h) */
 	u32 version;			/* the format version loaded */
 	u64 commit_epoch;		/* the superblock's epoch (tc_disk.h) */
+	u64 committed_epoch;		/* ... of the last complete commit */
 	u32 sb_flags;			/* TC_SB_* the superblock gets */
 	bool force_sb;			/* commit even if nothing changed */
 	bool any_changed;		/* a block is marked in changed */
@@ -403,6 +405,7 @@ bool tc_meta_stale(struct tc_cache *c);
 void tc_meta_queue_bio(struct tc_cache *c, struct bio *bio);
 void tc_meta_kick(struct tc_cache *c);
 int tc_meta_commit(struct tc_cache *c);
+void tc_meta_commit_floor(struct tc_cache *c);
 void tc_meta_suspend(struct tc_cache *c);
 void tc_meta_resume(struct tc_cache *c);
 
@@ -417,6 +420,7 @@ struct tc_holder *tc_holder_of(struct bio *bio);
 void tc_queue_io(struct tc_cache *c, struct bio *bio);
 void tc_wake_wb_waiters(struct tc_cache *c);
 void tc_epoch_waiters_go(struct tc_cache *c);
+void tc_epoch_waiters_fail(struct tc_cache *c, int err);
 
 /* ---- tc_flush.c ---- */
 
