@@ -23,6 +23,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <sched.h>
 
 #include "tc_epoch.h"
 
@@ -255,15 +257,23 @@ static void test_race(void)
 	pthread_t t[WRITERS];
 	long i;
 	long n;
+	time_t t0;
 
 	CHECK(!tc_epochs_create(&race, WRITERS * RACE_SLOTS));
 	for (i = 0; i < WRITERS; i++)
 		pthread_create(&t[i], NULL, race_writer, (void *)i);
-	for (n = 0; n < 20000000 && tc_epoch_cur(&race) < 600; n++) {
+	/*
+	 * Until the tags wrapped twice, or 60 s on a loaded machine (the
+	 * writers must get the CPU: the opener yields now and then).
+	 */
+	t0 = time(NULL);
+	for (n = 0; tc_epoch_cur(&race) < 600 && time(NULL) < t0 + 60; n++) {
 		tc_epoch_open(&race);
 		tc_epoch_retire(&race);
 		if (!(n % 64))
 			tc_epoch_set_floor(&race, tc_epoch_oldest(&race));
+		if (!(n % 1024))
+			sched_yield();
 	}
 	__atomic_store_n(&race_stop, 1, __ATOMIC_RELAXED);
 	for (i = 0; i < WRITERS; i++)
