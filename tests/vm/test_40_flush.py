@@ -228,15 +228,26 @@ def test_flush_on_suspend(stack, fos):
 
 def test_background_writeback_watermarks(stack):
     """Dirty share above high_watermark starts writeback; it stops below
-    low_watermark without a flush message."""
+    low_watermark without a flush message.
+
+    The blocks are written with high_watermark 100 (no writeback), then
+    one more after it is set to 20: writeback that caught up with the
+    writer would stop below low_watermark while the writer still wrote
+    (then idle above it, as documented), which a slow writer made a
+    flaky failure."""
     s = stack.setup(origin_mib=32, cache_mib=4, write_ms=5, seed=91,
-                    keys={"high_watermark": 20, "low_watermark": 10})
+                    keys={"high_watermark": 100, "low_watermark": 10})
     tc, m = s.tc, s.model
     total = tc.status()["total"]
     n = total * 30 // 100
-    blocks = random.Random(92).sample(range(32 * MiB // B), n)
+    blocks = random.Random(92).sample(range(32 * MiB // B), n + 1)
     with tclib.Workload(tc.path, m, seed=93) as wl:
-        write_blocks(wl, blocks)
+        write_blocks(wl, blocks[:n])
+        st = tc.status()
+        assert st["dirty"] == n and st["flush_state"] == "idle" and \
+            st["wb_blocks"] == 0, st["raw"]
+        tc.message("set", "high_watermark", "20")
+        write_blocks(wl, blocks[n:])
     deadline = time.monotonic() + 60
     st = tc.status()
     while time.monotonic() < deadline:
