@@ -9,13 +9,14 @@
 #endif
 
 #include "tc_epoch.h"
+#include "tc_slots.h"
 
 int tc_epochs_create(struct tc_epochs *e, u32 nr_slots)
 {
 	int i;
 
-	e->tag = kvmalloc_array(nr_slots, sizeof(*e->tag),
-				GFP_KERNEL | __GFP_ZERO);
+	/* a byte per slot: past INT_MAX bytes for the largest caches */
+	e->tag = tc_bigalloc(nr_slots, sizeof(*e->tag), GFP_KERNEL | __GFP_ZERO);
 	if (!e->tag)
 		return -ENOMEM;
 	for (i = 0; i < TC_EPOCH_TAGS; i++)
