@@ -1044,23 +1044,25 @@ static void tc_wb_retire(struct tc_cache *c)
 
 /*
  * Before epoch e goes to the origin, a commit must have recorded every
- * epoch before e - 1 clean: after a crash the load writes back what the
- * disk still says is dirty, in epoch order, over whatever the origin has
- * by then.  Epoch e - 1 written again over part of e leaves a state a
- * power cut could (all of e - 1, part of e); an older one would not.
- * False if the pass must wait for that commit (asked for here).
+ * version of the epochs before e clean or gone: after a crash the load
+ * writes back what the disk still says is dirty, in epoch order, over
+ * whatever the origin has by then.  An older version still recorded dirty
+ * would be written over a version of e whose own dirty record a later
+ * commit (or a torn one) may already have replaced by a clean or empty
+ * entry: the newer data would be lost.  False if the pass must wait for
+ * that commit (asked for here).
  */
 static bool tc_wb_floor_ok(struct tc_cache *c)
 {
 	u64 ep = c->fl.pass_epoch;
 
 	/* a failed cache writes back what it can: the order is lost anyway */
-	if (ep <= READ_ONCE(c->ix.ep.floor) + 1 || tc_failed(c))
+	if (ep <= READ_ONCE(c->ix.ep.floor) || tc_failed(c))
 		return true;
 	set_bit(TC_FL_FLOOR_WAIT, &c->fl.bits);
 	/* asked, then the floor read again: pairs with tc_meta_commit() */
 	smp_mb__after_atomic();
-	if (ep <= READ_ONCE(c->ix.ep.floor) + 1) {
+	if (ep <= READ_ONCE(c->ix.ep.floor)) {
 		clear_bit(TC_FL_FLOOR_WAIT, &c->fl.bits);
 		return true;
 	}

@@ -548,21 +548,22 @@ int tc_meta_commit(struct tc_cache *c)
 	if (r)
 		tc_cache_fail(c, r, "metadata commit");
 	tc_meta_end_bios(&bios, r);
-	if (!r)
-		tc_meta_floor_moved(c);
+	/* failed too: a failed cache waits for no epoch bound */
+	tc_meta_floor_moved(c);
 	return r;
 }
 
 /*
- * A commit wrote a new epoch bound: a writeback pass that waited for it
- * goes on, and flushes that waited for a free epoch try again.
+ * A commit wrote a new epoch bound, or failed (which latched the failed
+ * state): a writeback pass that waited for it goes on, and the flushes
+ * and writes that waited for a free epoch try again.
  */
 static void tc_meta_floor_moved(struct tc_cache *c)
 {
 	if (test_and_clear_bit(TC_FL_FLOOR_WAIT, &c->fl.bits))
 		tc_flush_kick(c);
-	if (!bio_list_empty(&c->ep_flushes))	/* a hint: checked under lock */
-		tc_epoch_waiters_go(c);
+	/* under the lock: no parked flush or write misses the new floor */
+	tc_epoch_waiters_go(c);
 }
 
 /* A writeback pass waits for a commit that moves the epoch bound. */
