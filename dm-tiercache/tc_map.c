@@ -973,6 +973,29 @@ static void tc_promote_done(struct tc_cache *c, struct bio *bio,
 	bio_endio(bio);
 }
 
+/*
+ * A FUA write is in the cache: it completes after a commit.  Under the
+ * ordered policy it also ends its epoch, as a flush does: a write issued
+ * once it has completed must not reach the origin before it (a journal's
+ * commit block, then the journalled blocks written in place).  If no epoch
+ * can be opened now, it waits as a flush does, without its block's lock:
+ * the writeback it waits for may need that block.
+ */
+static void tc_fua_commit(struct tc_cache *c, struct bio *bio,
+			  struct tc_bio *pb)
+{
+	tc_record_new(pb);
+	if (!READ_ONCE(c->val[TC_KEY_ORDERED])) {
+		tc_meta_queue_bio(c, bio);
+		return;
+	}
+	if (pb->locked) {
+		pb->locked = false;
+		tc_unlock(&c->locks, &pb->holder);
+	}
+	tc_flush_epoch(c, bio);
+}
+
 /* A FUA write is in the cache: record it, complete after a commit. */
 static void tc_fua_done(struct tc_cache *c, struct bio *bio,
 			struct tc_bio *pb)
@@ -989,8 +1012,7 @@ static void tc_fua_done(struct tc_cache *c, struct bio *bio,
 		tc_again(c, bio, pb);
 		return;
 	}
-	tc_record_new(pb);
-	tc_meta_queue_bio(c, bio);
+	tc_fua_commit(c, bio, pb);
 }
 
 /*
@@ -1044,11 +1066,11 @@ static void tc_cow_done(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 		return;
 	}
 	tc_buf_free(NULL, &pb->buf);
-	tc_record_new(pb);
 	if (pb->fua) {
-		tc_meta_queue_bio(c, bio);
+		tc_fua_commit(c, bio, pb);
 		return;
 	}
+	tc_record_new(pb);
 	bio_endio(bio);
 }
 

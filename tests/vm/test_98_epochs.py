@@ -241,3 +241,34 @@ def test_ordered_flush_waits_for_a_free_epoch(stack):
     for j in range(3):
         last = max(i for i in range(n) if i % 3 == j)
         assert get(lw.path, A + j) == pat(f"r{last}-")
+
+
+def fua_write(path, block, byte):
+    """One 4 KiB write of `byte` as a pure REQ_FUA: asynchronous O_DIRECT
+    with O_DSYNC (fio, libaio); a synchronous O_DSYNC write would be
+    followed by a flush, which ends the epoch anyway."""
+    tclib.fio(["--name=fua", f"--filename={path}", "--ioengine=libaio",
+               "--direct=1", "--sync=dsync", "--rw=write", "--bs=4k",
+               "--size=4k", f"--offset={block * B}", "--iodepth=1",
+               f"--buffer_pattern={byte:#04x}"])
+
+
+def test_ordered_fua_write_ends_its_epoch(stack):
+    """A write issued after a FUA write completed must not reach the origin
+    before it: block 0 (Y) written after a FUA write of block C (X), no
+    flush anywhere; writeback in block order would send Y first."""
+    lw, logdev = origin_stack(stack)
+    tc, _ = make(stack, True, lw)
+    x = bytes([0x58]) * B
+    fua_write(tc.path, C, 0x58)
+    assert get(tc.path, C) == x, "the FUA write did not land"
+    put(tc.path, A, pat("y1"))
+    assert dirty(tc) == 2, tc.status_line()
+    lw.message("mark", "wb")
+    tc.flush()
+    lw.message("mark", "end")
+    hist = [{C: x}, {A: pat("y1")}]
+    states, bad, _ = replay_check(logdev, "wb", hist)
+    assert bad is None, f"the origin took a write issued after a FUA write " \
+                        f"before it (after {states} writes): {bad}"
+    assert get(lw.path, A) == pat("y1") and get(lw.path, C) == x
