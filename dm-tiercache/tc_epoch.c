@@ -24,6 +24,7 @@ int tc_epochs_create(struct tc_epochs *e, u32 nr_slots)
 	e->oldest = 0;
 	e->cur = 0;
 	e->floor = 0;
+	e->must_open = false;
 	e->retiring = U64_MAX;
 	spin_lock_init(&e->lock);
 	return 0;
@@ -95,8 +96,23 @@ bool tc_epoch_open(struct tc_epochs *e)
 		else
 			WRITE_ONCE(e->cur, e->cur + 1);
 	}
+	if (ok)
+		WRITE_ONCE(e->must_open, false);
 	spin_unlock(&e->lock);
 	return ok;
+}
+
+/*
+ * A load found no room for a new epoch after the newest one loaded
+ * (tc_epoch_load_end()): the writes after it must not join that epoch, as
+ * the crash before the load was a flush point.  Open the new epoch as
+ * soon as writeback has retired enough.  True while writes must wait.
+ */
+bool tc_epoch_must_open(struct tc_epochs *e)
+{
+	if (likely(!READ_ONCE(e->must_open)))
+		return false;
+	return !tc_epoch_open(e);
 }
 
 /*
@@ -155,6 +171,7 @@ u32 tc_epoch_nr(struct tc_epochs *e, u64 epoch)
 void tc_epoch_load_begin(struct tc_epochs *e, u64 floor)
 {
 	e->retiring = U64_MAX;
+	e->must_open = false;
 	e->floor = floor;
 	e->oldest = floor;
 	e->cur = floor;
@@ -178,10 +195,13 @@ int tc_epoch_load(struct tc_epochs *e, u32 slot, u64 epoch)
 
 /*
  * The live epochs are those loaded.  With @open_new (the ordered policy),
- * writes go to a new epoch after the newest (a crash was a flush point),
- * unless that would be one too many; else they join the newest loaded
- * epoch, whose writes no flush followed (under the default policy, so
- * that rewrites of the blocks loaded go in place).
+ * writes go to a new epoch after the newest (a crash was a flush point).
+ * The span counts from the oldest loaded epoch: the load's commit makes
+ * it the floor before any write.  If the span is full, the newest loaded
+ * epoch stays open for now but no write may join it (tc_epoch_must_open()).
+ * Without @open_new the writes join the newest loaded epoch, whose writes
+ * no flush followed (the default policy: rewrites of the blocks loaded go
+ * in place).
  */
 void tc_epoch_load_end(struct tc_epochs *e, bool open_new)
 {
@@ -189,6 +209,10 @@ void tc_epoch_load_end(struct tc_epochs *e, bool open_new)
 		return;
 	e->oldest = e->load_min;
 	e->cur = e->load_max;
-	if (open_new && e->cur + 1 <= e->floor + TC_EPOCH_SPAN)
+	if (!open_new)
+		return;
+	if (e->cur + 1 <= e->load_min + TC_EPOCH_SPAN)
 		e->cur++;
+	else
+		e->must_open = true;
 }

@@ -51,6 +51,7 @@ struct tc_epochs {
 	u64 cur;			/* the open epoch */
 	u64 floor;			/* the last committed superblock's */
 	u64 retiring;			/* the epoch being retired, or U64_MAX */
+	bool must_open;			/* loaded with no room for a new epoch */
 	spinlock_t lock;		/* opening and retiring */
 	/* loading */
 	u64 load_min;
@@ -65,6 +66,7 @@ u8 tc_epoch_enter(struct tc_epochs *e, u32 slot);
 void tc_epoch_leave(struct tc_epochs *e, u32 slot);
 bool tc_epoch_open(struct tc_epochs *e);
 bool tc_epoch_can_open(struct tc_epochs *e);
+bool tc_epoch_must_open(struct tc_epochs *e);
 bool tc_epoch_retire(struct tc_epochs *e);
 void tc_epoch_set_floor(struct tc_epochs *e, u64 floor);
 u64 tc_epoch_of(struct tc_epochs *e, u32 slot, u64 base);

@@ -254,6 +254,9 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 
 	if (tc_failed(c))
 		return tc_write_failed(c, bio, pb, block);
+	/* loaded with the span of epochs full: not into the newest loaded one */
+	if (tc_epoch_must_open(&c->ix.ep))
+		return TC_WAIT_EPOCH;
 	slot = tc_lookup(c, block);
 	if (c->mode == TC_MODE_PASSTHROUGH) {
 		tc_count(c, slot != TC_SLOT_NONE ? TC_S_WRITE_HIT :
@@ -479,8 +482,9 @@ static void tc_flush_epoch(struct tc_cache *c, struct bio *bio)
 {
 	unsigned long flags;
 
+	/* a read-only table makes nothing durable: it never waits */
 	if (READ_ONCE(c->val[TC_KEY_ORDERED]) && !tc_failed(c) &&
-	    !tc_epoch_open(&c->ix.ep)) {
+	    !READ_ONCE(c->read_only) && !tc_epoch_open(&c->ix.ep)) {
 		spin_lock_irqsave(&c->defer_lock, flags);
 		bio_list_add(&c->ep_flushes, bio);
 		spin_unlock_irqrestore(&c->defer_lock, flags);

@@ -50,6 +50,8 @@ typedef uint64_t u64;
  * acquire/release and fences as the kernel's barriers promise.
  */
 #define READ_ONCE(x)		__atomic_load_n(&(x), __ATOMIC_RELAXED)
+#define likely(x)		__builtin_expect(!!(x), 1)
+#define unlikely(x)		__builtin_expect(!!(x), 0)
 #define WRITE_ONCE(x, v)	__atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
 /* barrier: acquire load */
 #define smp_load_acquire(p)	__atomic_load_n((p), __ATOMIC_ACQUIRE)

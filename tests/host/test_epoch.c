@@ -13,7 +13,8 @@
  *     epoch is never retired, empty epochs retire in a row, a flush that
  *     would exceed the span fails until the oldest retires (and the floor
  *     follows a commit), tags wrap past 255;
- *  3  loading: live epochs from the entries, a new open epoch (ordered)
+ *  3  loading: live epochs from the entries, a new open epoch (ordered),
+ *     and a load with the span full (no write joins the newest epoch)
  *     or the newest one (default), out-of-range epochs refused;
  *  4  the race of a writer counting itself in with the retirement of its
  *     epoch: threads enter and leave while another opens and retires;
@@ -217,7 +218,52 @@ static void test_load(void)
 	CHECK(!tc_epochs_create(&e, NSLOTS));
 	tc_epoch_load_begin(&e, 77);
 	tc_epoch_load_end(&e, true);
-	CHECK(e.oldest == 77 && e.cur == 77);
+	CHECK(e.oldest == 77 && e.cur == 77 && !tc_epoch_must_open(&e));
+	tc_epochs_destroy(&e);
+
+	/*
+	 * The span counts from the oldest loaded epoch (the load's commit
+	 * makes it the floor): room for a new one though the superblock's
+	 * epoch is older.
+	 */
+	CHECK(!tc_epochs_create(&e, NSLOTS));
+	tc_epoch_load_begin(&e, 500);
+	CHECK(!tc_epoch_load(&e, 1, 502));
+	CHECK(!tc_epoch_load(&e, 2, 500 + TC_EPOCH_SPAN));
+	tc_epoch_load_end(&e, true);
+	CHECK(e.oldest == 502 && e.cur == 500 + TC_EPOCH_SPAN + 1);
+	CHECK(!tc_epoch_must_open(&e));
+	tc_epochs_destroy(&e);
+
+	/*
+	 * The span full: the newest loaded epoch stays open, but no write may
+	 * join it until writeback retired the oldest and a commit moved the
+	 * floor; then the new epoch opens.
+	 */
+	CHECK(!tc_epochs_create(&e, NSLOTS));
+	tc_epoch_load_begin(&e, 500);
+	CHECK(!tc_epoch_load(&e, 1, 500));
+	CHECK(!tc_epoch_load(&e, 2, 500 + TC_EPOCH_SPAN));
+	tc_epoch_load_end(&e, true);
+	CHECK(e.oldest == 500 && e.cur == 500 + TC_EPOCH_SPAN);
+	CHECK(tc_epoch_must_open(&e) && tc_epoch_must_open(&e));
+	CHECK(!tc_epoch_open(&e));		/* a flush waits too */
+	tc_epoch_leave(&e, 1);			/* slot 1 written back */
+	CHECK(tc_epoch_retire(&e) && e.oldest == 501);
+	CHECK(tc_epoch_must_open(&e));		/* the floor is still 500 */
+	tc_epoch_set_floor(&e, 501);
+	CHECK(!tc_epoch_must_open(&e) && e.cur == 500 + TC_EPOCH_SPAN + 1);
+	CHECK(!tc_epoch_must_open(&e));
+	tc_epochs_destroy(&e);
+
+	/* the span full, but the newest loaded epoch drains first */
+	CHECK(!tc_epochs_create(&e, NSLOTS));
+	tc_epoch_load_begin(&e, 500);
+	CHECK(!tc_epoch_load(&e, 1, 500));
+	CHECK(!tc_epoch_load(&e, 2, 500 + TC_EPOCH_SPAN));
+	tc_epoch_load_end(&e, true);
+	tc_epoch_leave(&e, 2);
+	CHECK(!tc_epoch_must_open(&e) && e.cur == 500 + TC_EPOCH_SPAN);
 	tc_epochs_destroy(&e);
 }
 
