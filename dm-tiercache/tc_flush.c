@@ -143,9 +143,8 @@ static bool tc_wb_wanted(struct tc_cache *c)
 		return false;
 	if (READ_ONCE(c->cleaner) && tc_nr_dirty(c))
 		return true;
-	/* writes or a flush wait for the oldest epoch to go */
-	if (test_bit(TC_FL_EPOCH_WAIT, &fl->bits) &&
-	    tc_epoch_oldest(&c->ix.ep) != tc_epoch_cur(&c->ix.ep))
+	/* writes or a flush wait for older versions to reach the origin */
+	if (test_bit(TC_FL_EPOCH_WAIT, &fl->bits) && tc_origin_behind(c))
 		return true;
 	return test_bit(TC_FL_BACKGROUND, &fl->bits);
 }
@@ -1033,8 +1032,7 @@ static void tc_wb_retire(struct tc_cache *c)
 	while (tc_epoch_retire(&c->ix.ep))
 		any = true;
 	/* nothing older left: no waiter can still be waiting for one */
-	if (test_bit(TC_FL_EPOCH_WAIT, &c->fl.bits) &&
-	    tc_epoch_oldest(&c->ix.ep) == tc_epoch_cur(&c->ix.ep))
+	if (test_bit(TC_FL_EPOCH_WAIT, &c->fl.bits) && !tc_origin_behind(c))
 		any = true;
 	if (!any)
 		return;

@@ -159,6 +159,32 @@ static enum tc_action tc_write_through(struct tc_cache *c, struct bio *bio,
 }
 
 /*
+ * Epochs older than the open one are not all on the origin: a write must
+ * not reach the origin before them (it would leave the origin in a state
+ * no power cut could).
+ */
+static bool tc_older_epochs(struct tc_cache *c)
+{
+	return tc_epoch_oldest(&c->ix.ep) != tc_epoch_cur(&c->ix.ep);
+}
+
+/*
+ * May a write not reach the origin around the cache yet?  While epochs
+ * older than the open one are live; and on a failed cache under the
+ * ordered policy, while it holds any dirty version: a failed cache opens
+ * no epoch at a flush, so every dirty version may be older than the write
+ * (acknowledged before a flush that came before it).  Such a write waits
+ * for writeback, and fails with it if the cache can no longer be read:
+ * the origin stays a state a power cut could have left.
+ */
+bool tc_origin_behind(struct tc_cache *c)
+{
+	if (tc_failed(c) && READ_ONCE(c->val[TC_KEY_ORDERED]))
+		return tc_nr_dirty(c) || tc_older_epochs(c);
+	return tc_older_epochs(c);
+}
+
+/*
  * The cache device failed: writes go to the origin, and the cached copy is
  * dropped.  A dirty copy is dropped only once the origin holds the whole
  * block durably (a commit could record the drop at once): the write goes
@@ -180,6 +206,8 @@ static enum tc_action tc_write_failed(struct tc_cache *c, struct bio *bio,
 						   TC_S_WRITE_MISS);
 		tc_count(c, TC_S_WRITE_BYPASS);
 	}
+	if (tc_origin_behind(c))
+		return TC_WAIT_EPOCH;
 	if (slot == TC_SLOT_NONE)
 		return TC_TO_ORIGIN;
 	/* no version of the block may still be on its way to the origin */
@@ -194,16 +222,6 @@ static enum tc_action tc_write_failed(struct tc_cache *c, struct bio *bio,
 	}
 	tc_remove_chain(c, block);
 	return TC_TO_ORIGIN;
-}
-
-/*
- * Epochs older than the open one are not all on the origin: a write must
- * not reach the origin before them (it would leave the origin in a state
- * no power cut could).
- */
-static bool tc_older_epochs(struct tc_cache *c)
-{
-	return tc_epoch_oldest(&c->ix.ep) != tc_epoch_cur(&c->ix.ep);
 }
 
 /*
@@ -383,7 +401,7 @@ static void tc_wait_epoch(struct tc_cache *c, struct bio *bio,
 	set_bit(TC_FL_EPOCH_WAIT, &c->fl.bits);
 	/* parked, then the epochs read: pairs with tc_wake_wb_waiters() */
 	smp_mb();
-	if (!tc_older_epochs(c))
+	if (!tc_origin_behind(c))
 		tc_wake_wb_waiters(c);
 	tc_flush_kick(c);
 }
@@ -728,6 +746,8 @@ static void tc_drop_slot(struct tc_cache *c, struct tc_bio *pb)
 	tc_count(c, TC_S_WRITE_BYPASS);
 }
 
+static void tc_again(struct tc_cache *c, struct bio *bio, struct tc_bio *pb);
+
 /*
  * Send @bio, as it was mapped, to the origin (still holding its lock): a
  * bio the cache device failed, taken back in tc_end_io() or never
@@ -741,6 +761,11 @@ static void tc_to_origin(struct tc_cache *c, struct bio *bio,
 	pb->to_cache = false;	/* its end_io must not take it back again */
 	if (bio_data_dir(bio) == WRITE) {
 		tc_drop_slot(c, pb);
+		/* older versions go first: the dispatcher parks it for them */
+		if (tc_origin_behind(c)) {
+			tc_again(c, bio, pb);
+			return;
+		}
 		/* taken back from the cache: it can only be resubmitted */
 		if (tc_around_needs_commit(c, pb) && tc_meta_commit(c)) {
 			bio_io_error(bio);
@@ -1334,12 +1359,13 @@ static void tc_discard(struct tc_cache *c, struct bio *bio)
 		pb->discard = true;
 	}
 	/*
-	 * While older epochs are not all on the origin, the origin is not
+	 * While older epochs (or, on a failed cache, dirty versions: see
+	 * tc_origin_behind()) are not all on the origin, the origin is not
 	 * discarded (a state after a power cut at an older flush may still
 	 * need the data), and only clean copies are dropped.  Decided under
 	 * the range: no version of a block in it can appear meanwhile.
 	 */
-	if (tc_older_epochs(c))
+	if (tc_origin_behind(c))
 		passdown = false;
 	if (!passdown)
 		end = first;	/* only clean copies go */

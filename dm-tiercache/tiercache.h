@@ -418,6 +418,7 @@ void tc_discard_work(struct work_struct *w);
 void tc_requeue(void *ctx, struct bio_list *bios);
 struct tc_holder *tc_holder_of(struct bio *bio);
 void tc_queue_io(struct tc_cache *c, struct bio *bio);
+bool tc_origin_behind(struct tc_cache *c);
 void tc_wake_wb_waiters(struct tc_cache *c);
 void tc_epoch_waiters_go(struct tc_cache *c);
 void tc_epoch_waiters_fail(struct tc_cache *c, int err);
