@@ -87,3 +87,11 @@ def tc_module():
     tclib.ensure_module()
     yield
 
+
+
+def pytest_runtest_logreport(report):
+    """A failure's reason in the kernel log at once (results/*/dmesg-live.txt
+    shows it while the run goes on; pytest prints it only at the end)."""
+    if report.failed:
+        for line in report.longreprtext.splitlines()[-12:]:
+            tclib.kmsg(f"FAILED {report.nodeid} ({report.when}): {line[:400]}")
