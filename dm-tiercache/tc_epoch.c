@@ -96,8 +96,10 @@ bool tc_epoch_open(struct tc_epochs *e)
 		else
 			WRITE_ONCE(e->cur, e->cur + 1);
 	}
-	if (ok)
-		WRITE_ONCE(e->must_open, false);
+	if (ok) {
+		/* the new cur, then the flag: pairs with tc_epoch_must_open() */
+		smp_store_release(&e->must_open, false);
+	}
 	spin_unlock(&e->lock);
 	return ok;
 }
@@ -110,7 +112,8 @@ bool tc_epoch_open(struct tc_epochs *e)
  */
 bool tc_epoch_must_open(struct tc_epochs *e)
 {
-	if (likely(!READ_ONCE(e->must_open)))
+	/* the flag, then cur: pairs with tc_epoch_open() */
+	if (likely(!smp_load_acquire(&e->must_open)))
 		return false;
 	return !tc_epoch_open(e);
 }

@@ -1054,8 +1054,13 @@ static bool tc_wb_floor_ok(struct tc_cache *c)
 {
 	u64 ep = c->fl.pass_epoch;
 
-	/* a failed cache writes back what it can: the order is lost anyway */
-	if (ep <= READ_ONCE(c->ix.ep.floor) || tc_failed(c))
+	/*
+	 * Once a commit failed, no commit moves the floor, and the superblock
+	 * is marked failed: the device is never loaded again, and writeback
+	 * goes on without the rule.  A failed cache whose commits succeed may
+	 * be loaded again after a crash: the rule holds for it.
+	 */
+	if (ep <= READ_ONCE(c->ix.ep.floor) || READ_ONCE(c->meta.error))
 		return true;
 	set_bit(TC_FL_FLOOR_WAIT, &c->fl.bits);
 	/* asked, then the floor read again: pairs with tc_meta_commit() */

@@ -272,10 +272,14 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 
 	if (tc_failed(c))
 		return tc_write_failed(c, bio, pb, block);
-	/* loaded with the span of epochs full: not into the newest loaded one */
-	if (tc_epoch_must_open(&c->ix.ep))
-		return TC_WAIT_EPOCH;
 	slot = tc_lookup(c, block);
+	/* loaded with the span of epochs full: not into the newest loaded one */
+	if (tc_epoch_must_open(&c->ix.ep)) {
+		if (!pb->again)
+			tc_count(c, slot != TC_SLOT_NONE ? TC_S_WRITE_HIT :
+							   TC_S_WRITE_MISS);
+		return TC_WAIT_EPOCH;
+	}
 	if (c->mode == TC_MODE_PASSTHROUGH) {
 		tc_count(c, slot != TC_SLOT_NONE ? TC_S_WRITE_HIT :
 						   TC_S_WRITE_MISS);

@@ -247,6 +247,8 @@ static int tc_set(struct tc_target *t, const char *key, const char *value)
 		WRITE_ONCE(c->val[k], val[k]);
 	tc_flush_check_watermark(c);
 	tc_flush_kick(c);
+	/* writes parked for older versions may go now (ordered 0, say) */
+	tc_epoch_waiters_go(c);
 	return 0;
 }
 
