@@ -69,6 +69,12 @@ pub trait Dm {
     fn clear_inactive(&self, name: &str) -> Result<()>;
     /// Suspend; `flush` = wait for in-flight IO (no DM_NOFLUSH).
     fn suspend(&self, name: &str, flush: bool) -> Result<()>;
+    /// Suspend waiting for in-flight IO, without freezing a file system on
+    /// the device (DM_SKIP_LOCKFS): its sync would write dirty pages to a
+    /// device that fails them, and the suspend would fail with their error.
+    fn suspend_nolockfs(&self, name: &str) -> Result<()> {
+        self.suspend(name, true)
+    }
     /// Resume (swapping in the inactive table if there is one).
     fn resume(&self, name: &str) -> Result<()>;
     fn remove(&self, name: &str) -> Result<()>;
@@ -246,6 +252,16 @@ impl Dm for KernelDm {
         if !flush {
             f |= DmFlags::DM_NOFLUSH;
         }
+        self.dm
+            .device_suspend(&id, devicemapper::DmOptions::default().set_flags(f))
+            .map_err(|e| map_err(e, name, "suspend"))?;
+        Ok(())
+    }
+
+    fn suspend_nolockfs(&self, name: &str) -> Result<()> {
+        use devicemapper::DmFlags;
+        let id = devicemapper::DevId::Name(dm_name(name)?);
+        let f = DmFlags::DM_SUSPEND | DmFlags::DM_SKIP_LOCKFS;
         self.dm
             .device_suspend(&id, devicemapper::DmOptions::default().set_flags(f))
             .map_err(|e| map_err(e, name, "suspend"))?;

@@ -2011,8 +2011,10 @@ impl<'a> Ctx<'a> {
         }
 
         // No flush, no cleaner: the linear table replaces the cache as it is.
+        // No lockfs either: a file system's dirty pages cannot be written
+        // to a failed cache, and their sync would fail the suspend.
         self.load_linear(&cd)?;
-        if let Err(e) = self.dm.suspend(name, true) {
+        if let Err(e) = self.dm.suspend_nolockfs(name) {
             let _ = self.dm.clear_inactive(name);
             return Err(e.hint(format!(
                 "{name} was not abandoned: its cache stays attached"
