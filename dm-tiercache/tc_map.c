@@ -27,6 +27,7 @@ enum tc_action {
 	TC_CONTINUE,		/* stage set: finish in tc_io_work() */
 	TC_WAIT_WB,		/* wait for the slot's writeback request */
 	TC_WAIT_EPOCH,		/* wait for writeback of an older epoch */
+	TC_FAIL,		/* fail with an I/O error */
 };
 
 static bool tc_whole_block(struct tc_cache *c, struct bio *bio)
@@ -206,8 +207,19 @@ static enum tc_action tc_write_failed(struct tc_cache *c, struct bio *bio,
 						   TC_S_WRITE_MISS);
 		tc_count(c, TC_S_WRITE_BYPASS);
 	}
-	if (tc_origin_behind(c))
+	if (tc_origin_behind(c)) {
+		/*
+		 * Writeback failed and waits out its back-off: the write would
+		 * wait for it only to fail (after each of a file system's
+		 * writes, for seconds).  It fails now.
+		 */
+		if (test_bit(TC_FL_PAUSED, &c->fl.bits)) {
+			DMERR_LIMIT("%s: writeback failed: a write that must wait for it fails",
+				    c->name);
+			return TC_FAIL;
+		}
 		return TC_WAIT_EPOCH;
+	}
 	if (slot == TC_SLOT_NONE)
 		return TC_TO_ORIGIN;
 	/* no version of the block may still be on its way to the origin */
@@ -459,8 +471,12 @@ static int tc_dispatch(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 	case TC_WAIT_EPOCH:
 		tc_wait_epoch(c, bio, pb);
 		return DM_MAPIO_SUBMITTED;
+	case TC_FAIL:
+		break;
+	default:
+		WARN_ON_ONCE(1);	/* not reached */
+		break;
 	}
-	WARN_ON_ONCE(1);	/* not reached */
 	/* no end_io follows a bio the map function kills: unlock it here */
 	pb->locked = false;
 	tc_unlock(&c->locks, &pb->holder);
