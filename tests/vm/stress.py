@@ -386,7 +386,7 @@ class Worker(threading.Thread):
 # ---------------------------------------------------------------- control
 
 KEYS = ["flush_depth", "max_flush_kb", "bridge_gap_kb", "high_watermark",
-        "low_watermark", "flush_on_suspend"]
+        "low_watermark", "flush_on_suspend", "ordered"]
 ACTIONS = ["flush", "cleaner", "set", "set_bad", "reload_mode", "reload_same",
            "suspend", "fault", "stats"]
 ACTION_WEIGHTS = [12, 7, 22, 4, 7, 4, 6, 6, 2]
