@@ -55,7 +55,10 @@ LOG_MIB = 192
 NFILES = 24
 WORKERS = 2         # states checked at once (each on its own RAM disk)
 MIN_OTHER_POINTS = 200
-KEYS = {"high_watermark": 20, "low_watermark": 5, "commit_ms": 1000}
+# small origin requests: more writes between two flushes, so that 200
+# points of the replay fall between flushes whatever the run's timing
+KEYS = {"high_watermark": 20, "low_watermark": 5, "commit_ms": 1000,
+        "max_flush_kb": 64}
 
 
 def e2fsck(dev, *args):
