@@ -27,13 +27,13 @@ took, in order; the replay checks every state (as test_98_epochs.py).
 """
 
 import errno
-import os
 
 import pytest
 
 import logwrites
 import tclib
 from faults import Bg, fsync_path, swap
+from test_97_cache_failure import io_block as io_at
 from tclib import MiB
 
 pytestmark = [pytest.mark.module, pytest.mark.usefixtures("tc_module")]
@@ -48,23 +48,10 @@ def pat(tag):
 
 
 def io_block(path, block, data=None):
-    """An O_DIRECT read (data None) or write of one block: the data read
-    (b"" for a write), or the errno it failed with."""
-    buf = tclib.aligned_buf(B)
-    fd = os.open(path, (os.O_RDONLY if data is None else os.O_WRONLY)
-                       | os.O_DIRECT)
-    try:
-        if data is None:
-            os.preadv(fd, [memoryview(buf)[:B]], block * B)
-            return bytes(buf[:B])
-        buf[:B] = data
-        os.pwrite(fd, memoryview(buf)[:B], block * B)
-        return b""
-    except OSError as e:
-        return e.errno
-    finally:
-        os.close(fd)
-        buf.close()
+    """One O_DIRECT read (data None) or write of block `block`
+    (test_97's io_block, by block): the data read, b"" for a write, or
+    the errno it failed with."""
+    return io_at(path, block * B, data)
 
 
 def build(stack, ordered, cache_features=None):
