@@ -50,7 +50,8 @@
  * area holds, read as empty (foreign).  A commit rewrites a foreign entry
  * only when its slot is to hold a block; one that should be empty is
  * right as it is.  Every superblock written is of the current version: a
- * version 1 cache (generation 0) is upgraded by its first commit.
+ * cache of version 1 (generation 0) or 2 is upgraded by its first commit,
+ * whose superblock first says so alone (tc_meta_upgrade_sb()).
  */
 #include <linux/vmalloc.h>
 #include <linux/slab.h>
@@ -497,6 +498,35 @@ static void tc_meta_mark_failed(struct tc_cache *c)
 
 static void tc_meta_floor_moved(struct tc_cache *c);
 
+/*
+ * A cache of an earlier format version that a read-only table loaded (a
+ * writable one commits at once) still has its old superblock, which reads
+ * epoch bits in an entry as corruption.  Before the first commit writes
+ * entries of the current version, the superblock says so: the last
+ * committed state, in the current format, with its own sequence and
+ * epoch (its entries all decode the same under it).  Else a commit torn
+ * between its entries and its superblock would leave a cache that no
+ * longer loads.
+ */
+static int tc_meta_upgrade_sb(struct tc_cache *c)
+{
+	struct tc_meta *m = &c->meta;
+	u64 epoch = m->commit_epoch;
+	int r;
+
+	if (m->version == TC_DISK_VERSION)
+		return 0;
+	m->commit_epoch = m->committed_epoch;
+	r = tc_meta_write_sb(c, m->committed_seq);
+	m->commit_epoch = epoch;
+	if (!r) {
+		m->version = TC_DISK_VERSION;
+		DMINFO("%s: superblock rewritten in format version %u",
+		       c->name, TC_DISK_VERSION);
+	}
+	return r;
+}
+
 int tc_meta_commit(struct tc_cache *c)
 {
 	struct tc_meta *m = &c->meta;
@@ -519,6 +549,8 @@ int tc_meta_commit(struct tc_cache *c)
 		return 0;
 	}
 	r = blkdev_issue_flush(c->cache_bdev);
+	if (!r)
+		r = tc_meta_upgrade_sb(c);
 	if (!r) {
 		/* before the snapshot: every dirty entry it writes is newer */
 		m->commit_epoch = tc_epoch_oldest(&c->ix.ep);

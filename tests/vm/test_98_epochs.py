@@ -27,6 +27,13 @@ cached device at a flush could have left).
   4  ordered, more flushes than live epochs may span: the flush that would
      open one too many waits for writeback to retire the oldest (nothing
      hangs, the span stays within 254), and the data verifies
+  5  ordered: a write issued after a FUA write completed reaches the
+     origin after it (the FUA write ends its epoch)
+  6  a cache of format version 2 loaded by a read-only table, then by a
+     writable ordered one: the first commit of versions with epoch bits
+     is torn at every write of the cache device's log, and every state
+     still loads (its superblock says version 3 before such an entry is
+     written)
 """
 
 import os
@@ -34,6 +41,7 @@ import os
 import pytest
 
 import logwrites
+import tcdisk
 import tclib
 from tclib import MiB
 
@@ -272,3 +280,108 @@ def test_ordered_fua_write_ends_its_epoch(stack):
     assert bad is None, f"the origin took a write issued after a FUA write " \
                         f"before it (after {states} writes): {bad}"
     assert get(lw.path, A) == pat("y1") and get(lw.path, C) == x
+
+
+def cache_stack(stack, mib=4):
+    """Cache device = log-writes over a RAM disk: (logged dev, log dev)."""
+    tclib.run(["modprobe", "dm-log-writes"])
+    raw = stack.ram(mib * MiB)
+    logdev = stack.ram(64 * MiB)
+    n = tclib.size_sectors(raw)
+    return stack.dm(stack._name("clw"), f"0 {n} log-writes {raw} {logdev}"), logdev
+
+
+def downgrade_to_v2(path):
+    """Rewrite the superblock of a cache with no dirty version of an epoch
+    above 0 as the version 2 code wrote it; durable (logged) at return."""
+    sb = tcdisk.decode_sb(tclib.read_direct(path, 0, B))
+    assert sb.ok and sb.epoch == 0, sb
+    raw = tcdisk.encode_sb(sb.nr_slots, sb.block_sectors, sb.commit_seq,
+                           sb.origin_sectors, sb.gen, sb.uuid.encode(),
+                           version=tcdisk.VERSION_V2, flags=sb.flags)
+    tclib.write_direct(path, 0, raw.ljust(B, b"\0"))
+    fsync_dev(path)
+    assert tcdisk.decode_sb(tclib.read_direct(path, 0, B)).version == 2
+
+
+def corrupt_entries(img):
+    """The entries a load refuses in cache image @img (or the superblock's
+    state if it does not decode)."""
+    sb = tcdisk.decode_sb(img[:B])
+    if not sb.ok:
+        return f"superblock {sb.state}"
+    area = img[tcdisk.META_START * 512:tcdisk.META_START * 512 + sb.entries_bytes]
+    return [(s, e.state) for s, e in tcdisk.entries(area, sb) if e.state in tcdisk.CORRUPT]
+
+
+def test_v2_cache_read_only_then_writable_upgrades_first(stack):
+    """Reported in review (issue 12): a version 2 cache loaded read-only
+    keeps its version 2 superblock until the first commit of a writable
+    table, and that commit wrote entries with epoch bits before the
+    superblock that makes them legal: torn there, the cache is refused as
+    corrupt.  Every power-cut state of the cache device must load, and the
+    last one holds the block committed before the downgrade."""
+    origin = stack.ram(ORIGIN_MIB * MiB)
+    clw, logdev = cache_stack(stack)
+    tc = stack.tiercache(origin, clw.path, keys=dict(KEYS))
+    put(tc.path, A, pat("a0"))
+    fsync_dev(tc.path)
+    line = tc.table_line()
+    tc.remove()
+    downgrade_to_v2(clw.path)
+    clw.message("mark", "v2")
+    parts = line.split()
+    if "ordered" in parts[7:]:
+        parts[parts.index("ordered", 7) + 1] = "1"
+    else:
+        parts[6] = str(int(parts[6]) + 2)       # the feature count
+        parts += ["ordered", "1"]
+    ordered = " ".join(parts)
+    name = stack._name("v2")
+    tclib.run(["dmsetup", "create", "--readonly", name, "--table", ordered])
+    tc2 = tclib.TierCache(name, ordered)
+    stack._defer(tc2.remove)
+    tclib.run(["dmsetup", "mknodes", name], quiet=True)
+    assert get(tc2.path, A) == pat("a0")
+    tc2.reload(ordered)                         # writable now
+    put(tc2.path, BB, pat("b1"))
+    fsync_dev(tc2.path)                         # epoch 1 opens
+    put(tc2.path, C, pat("c1"))
+    fsync_dev(tc2.path)                         # commits c1 in epoch >= 1
+    assert epochs(tc2)[1] >= 1, tc2.status_line()
+    tc2.remove()
+    clw.message("mark", "end")
+    tclib.flushbufs(logdev)
+    img = bytearray(tclib.size_bytes(clw.path))
+    bad, states, last_torn = [], 0, None
+    with logwrites.LogWrites.open(logdev) as log:
+        start = log.mark_index("v2")
+        log.replay(img, end=start)
+        for e in list(log.entries)[start + 1:]:
+            if e.is_write and e.sector == 0:
+                # torn here: every write before this superblock, none after
+                states += 1
+                found = corrupt_entries(img)
+                if found:
+                    bad.append((e.index, found[:4]))
+                last_torn = bytes(img)
+            log.replay(img, start=e.index, end=e.index)
+    assert states >= 2, f"only {states} superblock writes after the downgrade"
+    assert not bad, f"power-cut states of the cache that no load accepts " \
+                    f"(log entry, entries refused): {bad}"
+    # the module agrees: the last torn state loads and holds a0
+    raw = stack.ram(4 * MiB)
+    tclib.write_direct(raw, 0, last_torn)
+    t3 = line.split()
+    t3[4] = raw
+    t3 = " ".join(t3)
+    name3 = stack._name("torn")
+    cur = tclib.KmsgCursor("torn")
+    p = tclib.run(["dmsetup", "create", "--readonly", name3, "--table", t3], check=False)
+    log3 = "\n".join(cur.lines())
+    assert p.returncode == 0, f"the torn state is refused: {log3[-600:]}"
+    tc3 = tclib.TierCache(name3, t3)
+    stack._defer(tc3.remove)
+    tclib.run(["dmsetup", "mknodes", name3], quiet=True)
+    assert get(tc3.path, A) == pat("a0")
+
