@@ -114,6 +114,9 @@ struct CacheOpts {
     /// Metadata commit interval in milliseconds while anything changed (1-600000; default 1000)
     #[arg(long, value_name = "MS")]
     commit_ms: Option<u64>,
+    /// Write back epoch by epoch, so that the origin alone is always consistent (0 or 1; default 0)
+    #[arg(long, value_name = "0|1")]
+    ordered: Option<u64>,
 }
 
 impl CacheOpts {
@@ -135,6 +138,7 @@ impl CacheOpts {
             (Key::LowWatermark, self.low_watermark),
             (Key::FlushOnSuspend, self.flush_on_suspend),
             (Key::CommitMs, self.commit_ms),
+            (Key::Ordered, self.ordered),
         ] {
             if let Some(v) = v {
                 table::check_value(k, &v.to_string(), block_size)?;
@@ -266,9 +270,9 @@ the flush completed, 6 on a writeback error, 7 on --timeout.")]
     /// Change a setting of a running device
     #[command(after_help = "\
 Keys: flush_depth, max_flush_kb, bridge_gap_kb, high_watermark,
-low_watermark, flush_on_suspend, commit_ms (live), mode (writeback|
-writethrough|passthrough; reloads the table, keeps the cached data),
-cleaner (on|off).")]
+low_watermark, flush_on_suspend, commit_ms, ordered (live), mode
+(writeback|writethrough|passthrough; reloads the table, keeps the cached
+data), cleaner (on|off).")]
     Set {
         name: String,
         key: String,

@@ -13,7 +13,7 @@ use crate::lvm::{TAG_CACHE, TAG_ORIGIN};
 use crate::ops::{Ctx, DetachCache, DevKind, FlushOpts, Setup};
 use crate::progress::ProgressMode;
 use crate::status::Mode;
-use crate::table::Key;
+use crate::table::{Key, TableSpec};
 
 #[derive(Clone, Default)]
 struct Buf(Rc<RefCell<Vec<u8>>>);
@@ -724,6 +724,34 @@ fn set_values() {
     assert_eq!(&log[1..], ["suspend c", "resume c"]);
     let e = t.ctx().set("c", "mode", "writeback", true).unwrap_err();
     assert_eq!(e.kind, Kind::NotFound, "--save needs a config entry");
+}
+
+/// A device whose live table says `ordered 1` (the tool once refused to
+/// reload it or set any key: an unknown key in the table).
+#[test]
+fn set_keeps_and_sets_ordered() {
+    let t = T::new();
+    t.cached("c", 10);
+    t.dm.with("c", |d| {
+        let mut spec = TableSpec::new("8:16", "8:32", 8);
+        spec.set(Key::Ordered, 1);
+        d.table[0].params = spec.to_params();
+    });
+    t.ctx().set("c", "high_watermark", "30", false).unwrap();
+    t.ctx().set("c", "ordered", "0", false).unwrap();
+    assert_eq!(
+        t.log(),
+        vec!["message c set high_watermark 30", "message c set ordered 0"]
+    );
+    let e = t.ctx().set("c", "ordered", "2", false).unwrap_err();
+    assert_eq!(e.kind, Kind::Usage);
+    t.dm.log.borrow_mut().clear();
+    t.ctx().set("c", "mode", "writethrough", false).unwrap();
+    let log = t.log();
+    assert!(
+        log[0].starts_with("load c 0 524288 tiercache 8:16 8:32 8 3 writethrough ordered 1"),
+        "{log:?}"
+    );
 }
 
 fn attach(t: &T) {

@@ -29,9 +29,10 @@ pub enum Key {
     LowWatermark,
     FlushOnSuspend,
     CommitMs,
+    Ordered,
 }
 
-pub const ALL_KEYS: [Key; 7] = [
+pub const ALL_KEYS: [Key; 8] = [
     Key::FlushDepth,
     Key::MaxFlushKb,
     Key::BridgeGapKb,
@@ -39,6 +40,7 @@ pub const ALL_KEYS: [Key; 7] = [
     Key::LowWatermark,
     Key::FlushOnSuspend,
     Key::CommitMs,
+    Key::Ordered,
 ];
 
 impl Key {
@@ -51,6 +53,7 @@ impl Key {
             Key::LowWatermark => "low_watermark",
             Key::FlushOnSuspend => "flush_on_suspend",
             Key::CommitMs => "commit_ms",
+            Key::Ordered => "ordered",
         }
     }
     /// Accepts the kernel spelling and the dashed option spelling.
@@ -67,6 +70,7 @@ impl Key {
             Key::LowWatermark => "dirty percent that stops it, 0 to high_watermark",
             Key::FlushOnSuspend => "flush when suspended, 0 or 1",
             Key::CommitMs => "metadata commit interval in milliseconds, 1 to 600000",
+            Key::Ordered => "writeback policy, 0 (default) or 1: epoch by epoch, the origin always consistent",
         }
     }
 }
@@ -108,6 +112,7 @@ pub fn check_value(key: Key, v: &str, block_sectors: u32) -> Result<u64> {
         Key::LowWatermark => n <= 100,
         Key::FlushOnSuspend => n <= 1,
         Key::CommitMs => (1..=600_000).contains(&n),
+        Key::Ordered => n <= 1,
     };
     if !ok {
         return Err(usage(format!(
@@ -433,6 +438,9 @@ mod tests {
         assert!(with(&[("low_watermark", "60"), ("high_watermark", "70")], 8).is_ok());
         assert!(with(&[("high_watermark", "20"), ("low_watermark", "30")], 8).is_err());
         assert!(with(&[("flush_on_suspend", "1")], 8).is_ok());
+        assert!(with(&[("ordered", "0")], 8).is_ok());
+        assert!(with(&[("ordered", "1")], 8).is_ok());
+        assert!(with(&[("ordered", "2")], 8).is_err());
         assert!(with(&[("flush_on_suspend", "2")], 8).is_err());
         assert!(with(&[("commit_ms", "1")], 8).is_ok());
         assert!(with(&[("commit_ms", "600000")], 8).is_ok());
