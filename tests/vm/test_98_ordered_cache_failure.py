@@ -24,6 +24,11 @@ took, in order; the replay checks every state (as test_98_epochs.py).
   3  the default policy, same steps as 2: C goes around at once (the
      availability the default policy promises), and the origin holds C
      without A for a while (the oracle has teeth)
+  4  A in epoch 0, C in epoch 1, then the cache device's metadata area
+     fails: the pass over epoch 1 waits for a commit that records epoch 0
+     written back (the floor rule), and that commit fails.  Writeback must
+     go on (a failed commit latches the failed state; the rule no longer
+     applies) and the flush end, with A before C on the origin
 """
 
 import errno
@@ -31,8 +36,9 @@ import errno
 import pytest
 
 import logwrites
+import tcdisk
 import tclib
-from faults import Bg, fsync_path, swap
+from faults import Bg, fsync_path, linear_with_error, swap
 from test_97_cache_failure import io_block as io_at
 from tclib import MiB
 
@@ -163,3 +169,26 @@ def test_default_policy_writes_around_at_once(stack):
     assert illegal(states), "the default policy kept the order: this test " \
                             "cannot tell the policies apart"
     assert states[-1] == (pat("A1"), pat("C2"))
+
+
+def test_failed_commit_does_not_stop_ordered_writeback(stack):
+    tc, lw, logdev, cl, cache_ram = build(stack, ordered=True)
+    epoch0(tc)
+    assert io_block(tc.path, C, pat("C2")) == b""
+    fsync_path(tc.path)
+    st = tc.status()
+    assert st["dirty"] == 2 and st["epoch_current"] >= 2, st["raw"]
+    sb = tcdisk.decode_sb(tclib.read_direct(cache_ram, 0, B))
+    assert sb.ok and sb.epoch == 0, sb
+    swap(cl, linear_with_error(cache_ram, 0, sb.data_start))
+    lw.message("mark", "wb")
+    st = tc.flush(timeout=120, expect_clean=False)
+    assert st["meta_error"], f"no commit failed: the test did not test: {st['raw']}"
+    assert st["dirty"] == 0, f"writeback stopped: {st['raw']}"
+    fsync_path(lw.path)
+    lw.message("mark", "end")
+    states = origin_states(logdev, "wb")
+    bad = illegal(states)
+    assert not bad, f"the origin took C before A (states {bad} of {len(states)})"
+    assert states and states[-1] == (pat("A1"), pat("C2")), \
+        "the origin does not end with A and C"
