@@ -43,6 +43,8 @@
 #define TC_EPOCH_TAGS		256
 /* cur - min(oldest, floor) stays at most this */
 #define TC_EPOCH_SPAN		254
+/* a write's epoch before it is known: later than any (tc_map_epoch()) */
+#define TC_EPOCH_NEXT		U64_MAX
 
 struct tc_epochs {
 	u8 *tag;			/* per slot: the epoch of a dirty one */

@@ -1004,8 +1004,6 @@ static void tc_wb_end_full(struct tc_cache *c, bool ok)
 		tc_wb_drop_resv(c);
 	if (ok)
 		fl->flushes++;
-	else
-		tc_wb_pause(c);
 	clear_bit(TC_FL_FULL, &fl->bits);
 	wake_up_all(&fl->wait);
 	tc_flush_event(c);
@@ -1087,19 +1085,25 @@ static enum tc_pass_next tc_wb_end_pass(struct tc_cache *c)
 	fl->pass_issued = false;
 	fl->pass_error = 0;
 
-	if (!err)
+	if (!err) {
 		tc_wb_retire(c);
-	else if (test_and_clear_bit(TC_FL_EPOCH_WAIT, &fl->bits))
-		tc_epoch_waiters_fail(c, err);
+	} else {
+		/*
+		 * Paused before the waiters fail: a write that must wait for
+		 * writeback on a failed cache then fails at once
+		 * (tc_write_failed()) rather than wait out the back-off.
+		 */
+		tc_wb_pause(c);
+		if (test_and_clear_bit(TC_FL_EPOCH_WAIT, &fl->bits))
+			tc_epoch_waiters_fail(c, err);
+	}
 	/* an older epoch than the full flush's still to write back */
 	more = test_bit(TC_FL_FULL, &fl->bits) && !err && !skipped &&
 	       fl->pass_epoch < fl->full_epoch;
 	if (test_bit(TC_FL_FULL, &fl->bits)) {
 		if (err || (!skipped && !more))
 			tc_wb_end_full(c, !err);
-	} else if (err) {
-		tc_wb_pause(c);
-	} else if (issued) {
+	} else if (!err && issued) {
 		fl->backoff_ms = 0;
 	}
 	if (test_bit(TC_FL_BACKGROUND, &fl->bits) &&

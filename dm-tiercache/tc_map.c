@@ -27,6 +27,8 @@ enum tc_action {
 	TC_CONTINUE,		/* stage set: finish in tc_io_work() */
 	TC_WAIT_WB,		/* wait for the slot's writeback request */
 	TC_WAIT_EPOCH,		/* wait for writeback of an older epoch */
+	TC_WAIT_OPEN,		/* wait for room for a new epoch */
+	TC_WAIT_SLOT,		/* wait for writeback to free a slot */
 	TC_FAIL,		/* fail with an I/O error */
 };
 
@@ -170,6 +172,24 @@ static bool tc_older_epochs(struct tc_cache *c)
 }
 
 /*
+ * May a write mapped in epoch @epoch not reach the origin around the cache
+ * yet?  While an epoch before @epoch is not all on the origin.  A write
+ * belongs to its epoch or to any later one (it was not acknowledged when
+ * the flushes after it came): it need not wait for epochs opened since,
+ * which a steady stream of flushes would keep ahead of it for ever.  On a
+ * failed cache under the ordered policy, also while the cache holds any
+ * dirty version (see tc_origin_behind()).
+ */
+static bool tc_around_waits(struct tc_cache *c, u64 epoch)
+{
+	if (tc_failed(c) && READ_ONCE(c->val[TC_KEY_ORDERED]) && tc_nr_dirty(c))
+		return true;
+	/* at most the open one: a failed cache opens none (TC_EPOCH_NEXT) */
+	return tc_epoch_oldest(&c->ix.ep) <
+	       min(epoch, tc_epoch_cur(&c->ix.ep));
+}
+
+/*
  * May a write not reach the origin around the cache yet?  While epochs
  * older than the open one are live; and on a failed cache under the
  * ordered policy, while it holds any dirty version: a failed cache opens
@@ -207,7 +227,7 @@ static enum tc_action tc_write_failed(struct tc_cache *c, struct bio *bio,
 						   TC_S_WRITE_MISS);
 		tc_count(c, TC_S_WRITE_BYPASS);
 	}
-	if (tc_origin_behind(c)) {
+	if (tc_around_waits(c, pb->epoch)) {
 		/*
 		 * Writeback failed and waits out its back-off: the write would
 		 * wait for it only to fail (after each of a file system's
@@ -249,10 +269,10 @@ static enum tc_action tc_write_cow(struct tc_cache *c, struct bio *bio,
 	u32 slot;
 
 	if (tc_alloc_slot(c, block, &slot))
-		return TC_WAIT_EPOCH;
+		return TC_WAIT_SLOT;
 	if (tc_insert(c, slot, block, true)) {
 		tc_free_slot(c, slot);
-		return TC_WAIT_EPOCH;
+		return TC_WAIT_SLOT;
 	}
 	pb->slot = slot;
 	pb->cow_from = old;
@@ -290,8 +310,10 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 		if (!pb->again)
 			tc_count(c, slot != TC_SLOT_NONE ? TC_S_WRITE_HIT :
 							   TC_S_WRITE_MISS);
-		return TC_WAIT_EPOCH;
+		return TC_WAIT_OPEN;
 	}
+	/* mapped while it was: the epoch opened for it (or the empty newest) */
+	pb->epoch = min(pb->epoch, tc_epoch_cur(&c->ix.ep));
 	if (c->mode == TC_MODE_PASSTHROUGH) {
 		tc_count(c, slot != TC_SLOT_NONE ? TC_S_WRITE_HIT :
 						   TC_S_WRITE_MISS);
@@ -316,7 +338,7 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 		}
 		pb->was_clean = !tc_slot_dirty(c, slot);
 		if (tc_mark_dirty(c, slot)) {
-			if (tc_older_epochs(c))
+			if (tc_around_waits(c, pb->epoch))
 				return TC_WAIT_EPOCH;
 			return tc_write_through(c, bio, pb, slot);
 		}
@@ -335,7 +357,7 @@ miss:
 		return TC_TO_ORIGIN;
 	if (tc_whole_block(c, bio) && tc_write_allocate(c, pb, block))
 		return tc_write_cache(c, bio, pb);
-	if (tc_older_epochs(c))
+	if (tc_around_waits(c, pb->epoch))
 		return TC_WAIT_EPOCH;
 	tc_count(c, TC_S_WRITE_BYPASS);
 	return TC_TO_ORIGIN;
@@ -389,16 +411,52 @@ static void tc_wait_wb(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 		tc_wake_wb_waiters(c);
 }
 
+/* Writeback retired an epoch: the writes parked for one try again. */
+static void tc_wake_ep_waiters(struct tc_cache *c)
+{
+	unsigned long flags;
+	bool any;
+
+	spin_lock_irqsave(&c->defer_lock, flags);
+	any = !bio_list_empty(&c->ep_wait);
+	bio_list_merge(&c->deferred, &c->ep_wait);
+	bio_list_init(&c->ep_wait);
+	spin_unlock_irqrestore(&c->defer_lock, flags);
+	if (any)
+		queue_work(c->wq, &c->io_work);
+}
+
+/* Does a write parked for @why (a TC_WAIT_* of tc_wait_epoch()) still wait? */
+static bool tc_still_waits(struct tc_cache *c, enum tc_action why, u64 epoch)
+{
+	switch (why) {
+	case TC_WAIT_EPOCH:
+		/* writeback failed meanwhile: it fails at once (tc_write_failed()) */
+		if (tc_failed(c) && test_bit(TC_FL_PAUSED, &c->fl.bits))
+			return false;
+		return tc_around_waits(c, epoch);
+	case TC_WAIT_OPEN:
+		return !tc_epoch_can_open(&c->ix.ep);
+	default:
+		/* a free slot: writeback lets go of one, or no copy is needed */
+		return tc_origin_behind(c);
+	}
+}
+
 /*
- * A write parked until writeback has sent older epochs to the origin (or
- * freed a slot for a copy).  Nothing was changed for it.  It lets go of
- * its block's lock (writeback may need that block: the older version this
- * write would copy) and starts over when writeback lets go of slots or
- * retires an epoch.  The engine runs for it, watermark or not.
+ * A write parked until writeback has sent older epochs to the origin
+ * (TC_WAIT_EPOCH), retired one to make room for a new epoch
+ * (TC_WAIT_OPEN), or freed a slot for a copy (TC_WAIT_SLOT).  Nothing was
+ * changed for it.  It lets go of its block's lock (writeback may need that
+ * block: the older version this write would copy) and starts over when
+ * writeback retires an epoch (tc_epoch_waiters_go()) or, waiting for a
+ * slot, lets go of slots (tc_wake_wb_waiters()).  The engine runs for it,
+ * watermark or not.
  */
 static void tc_wait_epoch(struct tc_cache *c, struct bio *bio,
-			  struct tc_bio *pb)
+			  struct tc_bio *pb, enum tc_action why)
 {
+	u64 epoch = pb->epoch;	/* once parked, the bio may be gone */
 	unsigned long flags;
 
 	pb->locked = false;
@@ -412,17 +470,27 @@ static void tc_wait_epoch(struct tc_cache *c, struct bio *bio,
 	pb->to_cache = false;
 	pb->cow_from = TC_SLOT_NONE;
 	spin_lock_irqsave(&c->defer_lock, flags);
-	bio_list_add(&c->wb_wait, bio);
+	bio_list_add(why == TC_WAIT_SLOT ? &c->wb_wait : &c->ep_wait, bio);
 	spin_unlock_irqrestore(&c->defer_lock, flags);
 	set_bit(TC_FL_EPOCH_WAIT, &c->fl.bits);
-	/* parked, then the epochs read: pairs with tc_wake_wb_waiters() */
+	/*
+	 * Parked, then the state read again: pairs with the wakers, which
+	 * change it before they read the lists.
+	 */
 	smp_mb();
-	if (!tc_origin_behind(c))
-		tc_wake_wb_waiters(c);
+	if (!tc_still_waits(c, why, epoch)) {
+		if (why == TC_WAIT_SLOT)
+			tc_wake_wb_waiters(c);
+		else
+			tc_wake_ep_waiters(c);
+	}
 	tc_flush_kick(c);
 }
 
-/* Writeback let go of slots: the parked writes try again. */
+/*
+ * Writeback let go of slots: the writes parked for them try again (not
+ * those waiting for an epoch: each release would send them round again).
+ */
 void tc_wake_wb_waiters(struct tc_cache *c)
 {
 	unsigned long flags;
@@ -469,7 +537,9 @@ static int tc_dispatch(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 		tc_wait_wb(c, bio, pb);
 		return DM_MAPIO_SUBMITTED;
 	case TC_WAIT_EPOCH:
-		tc_wait_epoch(c, bio, pb);
+	case TC_WAIT_OPEN:
+	case TC_WAIT_SLOT:
+		tc_wait_epoch(c, bio, pb, act);
 		return DM_MAPIO_SUBMITTED;
 	case TC_FAIL:
 		break;
@@ -556,6 +626,7 @@ void tc_epoch_waiters_go(struct tc_cache *c)
 	spin_unlock_irq(&c->defer_lock);
 	while ((bio = bio_list_pop(&flushes)))
 		tc_flush_epoch(c, bio);
+	tc_wake_ep_waiters(c);
 	tc_wake_wb_waiters(c);
 }
 
@@ -579,7 +650,9 @@ void tc_epoch_waiters_fail(struct tc_cache *c, int err)
 		bio_endio(bio);
 	}
 	spin_lock_irq(&c->defer_lock);
-	bios = c->wb_wait;
+	bios = c->ep_wait;
+	bio_list_init(&c->ep_wait);
+	bio_list_merge(&bios, &c->wb_wait);
 	bio_list_init(&c->wb_wait);
 	spin_unlock_irq(&c->defer_lock);
 	while ((bio = bio_list_pop(&bios))) {
@@ -634,6 +707,20 @@ static void tc_queue_discard(struct tc_cache *c, struct bio *bio)
 	queue_work(c->discard_wq, &c->discard_work);
 }
 
+/*
+ * The epoch of a write mapped now: the flushes it may not overtake came
+ * before it (see tc_around_waits()).  While a load's newest epoch may not
+ * be joined (tc_epoch_must_open()), the epoch to be opened after it:
+ * TC_EPOCH_NEXT until tc_write() knows which.
+ */
+static u64 tc_map_epoch(struct tc_epochs *e)
+{
+	/* the flag, then cur: pairs with tc_epoch_open() */
+	if (smp_load_acquire(&e->must_open))
+		return TC_EPOCH_NEXT;
+	return tc_epoch_cur(e);
+}
+
 int tc_map(struct dm_target *ti, struct bio *bio)
 {
 	struct tc_target *t = ti->private;
@@ -654,6 +741,7 @@ int tc_map(struct dm_target *ti, struct bio *bio)
 	pb->status = BLK_STS_OK;
 	pb->cache_status = BLK_STS_OK;
 	pb->buf.chunks = NULL;
+	pb->epoch = tc_map_epoch(&c->ix.ep);
 
 	if (bio->bi_opf & REQ_PREFLUSH)
 		return tc_map_flush(c, bio);
@@ -782,7 +870,7 @@ static void tc_to_origin(struct tc_cache *c, struct bio *bio,
 	if (bio_data_dir(bio) == WRITE) {
 		tc_drop_slot(c, pb);
 		/* older versions go first: the dispatcher parks it for them */
-		if (tc_origin_behind(c)) {
+		if (tc_around_waits(c, pb->epoch)) {
 			tc_again(c, bio, pb);
 			return;
 		}
@@ -1073,7 +1161,7 @@ static void tc_cow_read(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 	if (tc_buf_alloc(NULL, &pb->buf, tc_block_bytes(c))) {
 		/* no memory now: the copy goes, the write starts over later */
 		tc_drop_cow(c, pb);
-		tc_wait_epoch(c, bio, pb);
+		tc_wait_epoch(c, bio, pb, TC_WAIT_SLOT);
 		return;
 	}
 	tc_submit_buf(c, pb, c->cache_bdev, tc_slot_sector(c, pb->cow_from),

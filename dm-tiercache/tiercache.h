@@ -272,9 +272,10 @@ struct tc_cache {
 	int failed;			/* 0, or the error that latched it */
 	struct work_struct fail_work;	/* raises the dm event of the latch */
 	struct bio_list wb_wait;	/* writes waiting for their slot's
-					 * writeback request, or for an
-					 * older epoch (defer_lock)
+					 * writeback request, or for a free
+					 * slot (defer_lock)
 					 */
+	struct bio_list ep_wait;	/* writes waiting for an epoch */
 	struct bio_list ep_flushes;	/* flushes waiting for an epoch */
 
 	struct tc_stats stats;
@@ -368,6 +369,7 @@ struct tc_bio {
 					 */
 	struct tc_range range;
 	bool again;			/* dispatched again: counted once */
+	u64 epoch;			/* a write: the epoch open at its map */
 };
 
 static inline void tc_count(struct tc_cache *c, enum tc_io_stat s)

@@ -26,7 +26,9 @@ cached device at a flush could have left).
      after the reload still goes epoch by epoch
   4  ordered, more flushes than live epochs may span: the flush that would
      open one too many waits for writeback to retire the oldest (nothing
-     hangs, the span stays within 254), and the data verifies
+     hangs, the span stays within 254), and the data verifies; loaded
+     again with the span full, writes wait for a new epoch, and a partial
+     write to an uncached block reaches the origin after every loaded one
   5  ordered: a write issued after a FUA write completed reaches the
      origin after it (the FUA write ends its epoch)
   6  a cache of format version 2 loaded by a read-only table, then by a
@@ -34,9 +36,14 @@ cached device at a flush could have left).
      is torn at every write of the cache device's log, and every state
      still loads (its superblock says version 3 before such an entry is
      written)
+  7  ordered, a partial write to an uncached block (it goes around the
+     cache) under a steady stream of writes and fsyncs: it waits for the
+     epochs before it only, not for writeback to catch up with the stream
 """
 
 import os
+import threading
+import time
 
 import pytest
 
@@ -229,8 +236,12 @@ def test_ordered_versions_survive_reload(stack):
 
 
 def test_ordered_flush_waits_for_a_free_epoch(stack):
-    lw, _ = origin_stack(stack)
-    tc, _ = make(stack, True, lw)
+    """Then (the span full) the cache is loaded again: writes after the
+    load go to a new epoch once writeback makes room for it, and a
+    partial write to an uncached block reaches the origin only after
+    every loaded epoch (case 4)."""
+    lw, logdev = origin_stack(stack)
+    tc, cache = make(stack, True, lw)
     n = SPAN + 20
     widest = 0
     for i in range(n):
@@ -242,13 +253,47 @@ def test_ordered_flush_waits_for_a_free_epoch(stack):
     old, cur = epochs(tc)
     assert cur >= SPAN, f"only {cur} epochs opened: {tc.status_line()}"
     assert old > 0, "no epoch retired: the flushes never had to wait"
+    want = {}
     for j in range(3):
         last = max(i for i in range(n) if i % 3 == j)
-        assert get(tc.path, A + j) == pat(f"r{last}-")
+        want[A + j] = pat(f"r{last}-")
+    want[A] = pat("last")
+    put(tc.path, A, want[A])                # the open epoch: the span full
+    for blk, d in want.items():
+        assert get(tc.path, blk) == d
+    name = tc.name
+    tc.remove()
+    tc, _ = make(stack, True, lw, name=name + "b", fmt=False, cache=cache)
+    old, cur = epochs(tc)
+    tclib.kmsg(f"loaded epochs {old}..{cur}")
+    assert cur - old >= SPAN - 1, f"the span is not full after the load: {old}..{cur}"
+    lw.message("mark", "reload")
+    p = bytearray(B)
+    p[1024:1536] = b"P" * 512
+    put(tc.path, BB, b"P" * 512, off=1024)  # uncached: around the cache
+    put(tc.path, C, pat("after"))
+    fsync_dev(tc.path)
+    assert get(tc.path, BB) == bytes(p) and get(tc.path, C) == pat("after")
     tc.flush()
-    for j in range(3):
-        last = max(i for i in range(n) if i % 3 == j)
-        assert get(lw.path, A + j) == pat(f"r{last}-")
+    lw.message("mark", "end")
+    for blk, d in {**want, BB: bytes(p), C: pat("after")}.items():
+        assert get(lw.path, blk) == d
+    # the partial write is on the origin only after every loaded version
+    img = bytearray(ORIGIN_MIB * MiB)
+    tclib.flushbufs(logdev)
+    with logwrites.LogWrites.open(logdev) as log:
+        start = log.mark_index("reload")
+        log.replay(img, end=start)
+        for e in list(log.entries)[start + 1:]:
+            log.replay(img, start=e.index, end=e.index)
+            if bytes(img[BB * B:(BB + 1) * B]) == bytes(p):
+                early = [blk for blk, d in want.items()
+                         if bytes(img[blk * B:(blk + 1) * B]) != d]
+                assert not early, f"the partial write reached the origin before " \
+                                  f"the loaded versions of blocks {early}"
+                break
+        else:
+            pytest.fail("the partial write never reached the origin")
 
 
 def fua_write(path, block, byte):
@@ -385,3 +430,69 @@ def test_v2_cache_read_only_then_writable_upgrades_first(stack):
     tclib.run(["dmsetup", "mknodes", name3], quiet=True)
     assert get(tc3.path, A) == pat("a0")
 
+
+def test_ordered_partial_write_not_starved_by_fsyncs(stack):
+    """Reported in review (issue 12): a write that goes around the cache
+    waited until no epoch older than the open one was left.  Under a writer
+    that keeps writing and fsyncing faster than writeback retires epochs,
+    that never happens: the write waited as long as the writer ran.  It
+    must complete while the writer still runs, and read back."""
+    # each epoch's writeback: a write and a flush of 200 ms each, slower
+    # than the writer's write + fsync
+    origin = stack.slow(ORIGIN_MIB * MiB, write_ms=200)
+    tc = stack.tiercache(origin.path, stack.ram(8 * MiB),
+                         keys=dict(KEYS, ordered=1))
+    stop, fsyncs, errors, pw = threading.Event(), [0], [], None
+
+    def writer():
+        fd = os.open(tc.path, os.O_RDWR | os.O_DIRECT)
+        buf = tclib.aligned_buf(B)
+        try:
+            i = 0
+            while not stop.is_set():
+                buf[:B] = pat(f"s{i}-")
+                os.pwrite(fd, memoryview(buf)[:B], (4000 + i % 64) * B)
+                os.fsync(fd)
+                fsyncs[0] += 1
+                i += 1
+        except OSError as e:
+            errors.append(e)
+        finally:
+            os.close(fd)
+            buf.close()
+
+    th = threading.Thread(target=writer)
+    th.start()
+    try:
+        deadline = time.monotonic() + 60
+        while fsyncs[0] < 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fsyncs[0] >= 8, "the writer made no progress"
+        before = fsyncs[0]
+        t0 = time.monotonic()
+        done = []
+        # uncached, so around the cache
+        pw = threading.Thread(target=lambda: done.append(
+            put(tc.path, 100, b"P" * 512, off=1024)))
+        pw.start()
+        pw.join(60)
+        took = time.monotonic() - t0
+        finished = bool(done)       # before the writer stops
+        during = fsyncs[0] - before
+        old, cur = epochs(tc)
+    finally:
+        stop.set()
+        th.join(120)
+    if pw:
+        pw.join(120)
+    assert not errors, errors
+    tclib.kmsg(f"partial write: {'done' if finished else 'still waiting'} after {took:.1f} s, "
+               f"{during} fsyncs meanwhile, epochs {old}..{cur}")
+    assert finished, f"a partial write around the cache still waited after {took:.0f} s " \
+                 f"while {during} fsyncs went on (epochs {old}..{cur})"
+    want = bytearray(B)
+    want[1024:1536] = b"P" * 512
+    assert get(tc.path, 100) == bytes(want)
+    origin.reload(origin.table.rsplit(" ", 1)[0] + " 0")   # drain fast
+    tc.flush()
+    assert get(origin.path, 100) == bytes(want)
