@@ -1444,11 +1444,65 @@ static bool tc_discard_range(struct tc_cache *c, u64 lo, u64 hi, u64 first,
 	return commit;
 }
 
+/* Is any block of [first, end) dirty in the cache?  The caller holds it. */
+static bool tc_range_dirty(struct tc_cache *c, u64 first, u64 end)
+{
+	u64 b;
+	u32 s;
+
+	if (end - first <= c->nr_slots) {
+		for (b = first; b < end; b++) {
+			s = tc_lookup(c, b);
+			if (s != TC_SLOT_NONE && tc_slot_dirty(c, s))
+				return true;
+			if (!((b + 1 - first) % TC_DISCARD_BATCH))
+				cond_resched();
+		}
+		return false;
+	}
+	for (s = 0; s < c->nr_slots; s++) {
+		b = tc_slot_origin(c, s);
+		if (b >= first && b < end && tc_lookup(c, b) == s &&
+		    tc_slot_dirty(c, s))
+			return true;
+		if (!((s + 1) % TC_DISCARD_BATCH))
+			cond_resched();
+	}
+	return false;
+}
+
+/*
+ * A discard whose range holds dirty copies: the origin discards first, and
+ * only then are they dropped.  Dropped first, a discard the origin failed
+ * would leave the origin's older data where the newest write was (reads
+ * would go back in time).  The caller holds the range and has dropped the
+ * clean copies.  Returns 0 or the error the bio ends with.
+ */
+static int tc_discard_dirty(struct tc_cache *c, struct bio *bio, u64 lo,
+			    u64 hi, u64 first, u64 end)
+{
+	struct bio *d;
+	int r;
+
+	d = bio_alloc_bioset(c->origin_bdev, 0, REQ_OP_DISCARD, GFP_NOIO,
+			     &c->bs);
+	d->bi_iter.bi_sector = bio->bi_iter.bi_sector;
+	d->bi_iter.bi_size = bio->bi_iter.bi_size;
+	r = submit_bio_wait(d);
+	bio_put(d);
+	if (r)
+		return r;
+	if (tc_discard_range(c, lo, hi, first, end) && tc_meta_commit(c))
+		return -EIO;
+	return 0;
+}
+
 /*
  * Hold the blocks the discard touches, drop their cached copies, commit if
- * that is needed, then pass the discard down.  The range is held until
- * the origin has discarded (tc_end_io()), so no promotion or bridge filler
- * brings the old data back.
+ * that is needed, then pass the discard down (or, if dirty copies are in
+ * its range, pass it down, then drop them: tc_discard_dirty()).  The range
+ * is held until the origin has discarded (tc_end_io()), so no promotion or
+ * bridge filler brings the old data back.
  */
 static void tc_discard(struct tc_cache *c, struct bio *bio)
 {
@@ -1477,6 +1531,19 @@ static void tc_discard(struct tc_cache *c, struct bio *bio)
 		passdown = false;
 	if (!passdown)
 		end = first;	/* only clean copies go */
+	if (lo < hi && first < end && tc_range_dirty(c, first, end)) {
+		/* the clean copies now, the dirty ones once the origin has discarded */
+		if (tc_discard_range(c, lo, hi, first, first) &&
+		    tc_meta_commit(c)) {
+			bio_io_error(bio);
+			return;
+		}
+		bio->bi_status = errno_to_blk_status(tc_discard_dirty(c, bio, lo,
+								      hi, first,
+								      end));
+		bio_endio(bio);
+		return;
+	}
 	if (lo < hi) {
 		if (tc_discard_range(c, lo, hi, first, end) &&
 		    tc_meta_commit(c)) {

@@ -164,3 +164,52 @@ def test_discard_over_origin_without_discard_never_goes_back_in_time(stack):
     assert got in (v2, bytes(B)), f"block {X} reads neither version 2 nor zeroes"
     tc.flush()
     assert tclib.read_direct(origin, X * B, B) in (v2, bytes(B))
+
+
+def test_failed_origin_discard_never_goes_back_in_time(stack):
+    """The origin can discard but fails the discard (dm-flakey with
+    error_writes, as in a fault window of the stress test).  Block X holds
+    version 1 on the origin and version 2 dirty in the cache; the discard
+    of X fails.  A read of X must then return version 2 (or zeroes), never
+    version 1: the dirty copy is dropped only once the origin has
+    discarded.  Found by the soak hour of 2026-11-28 (seed 2137552990:
+    'read write#102292; acceptable: write#102464, discard(zeroes)', an
+    origin error_writes window open)."""
+    nb = stack.nullb(32, discard=True)
+    n = tclib.size_sectors(nb)
+    origin = stack.dm(stack._name("fl"), stack.flakey_table(nb))
+    tclib.seeded_origin(origin.path, seed=156)
+    tc = stack.tiercache(origin.path, stack.ram(16 * MiB), 8, "writeback")
+    assert tclib.sysfs_queue(origin.path, "discard_max_bytes") != "0", \
+        "the origin cannot discard: this test needs one that can"
+    X = 300
+    v1 = random.Random(157).randbytes(B)
+    v2 = random.Random(158).randbytes(B)
+    tclib.write_direct(tc.path, X * B, v1)
+    tc.flush()
+    tclib.write_direct(tc.path, X * B, v2)
+    assert tc.status()["dirty"] == 1
+    origin.suspend()
+    origin.reload(f"0 {n} flakey {nb} 0 0 3600 1 error_writes")
+    try:
+        tclib.discard(tc.path, X * B, B)
+        failed = None
+    except OSError as e:
+        failed = e
+    tclib.log(f"the discard: {failed!r}")
+    got = tclib.read_direct(tc.path, X * B, B)
+    if got == v1:
+        pytest.fail(f"block {X} reads version 1 after a discard the origin failed: the "
+                    f"newer dirty copy was dropped: {tc.status()['raw']}", pytrace=False)
+    assert got in (v2, bytes(B)), f"block {X} reads neither version 2 nor zeroes"
+    origin.suspend()
+    origin.reload(stack.flakey_table(nb))
+    tc.flush()
+    assert tclib.read_direct(origin.path, X * B, B) in (v2, bytes(B))
+    # a discard that succeeds drops the dirty copy and reaches the origin
+    tclib.write_direct(tc.path, X * B, v1)
+    assert tc.status()["dirty"] == 1
+    tclib.discard(tc.path, X * B, B)
+    st = tc.status()
+    assert st["dirty"] == 0, f"the discarded dirty block stayed dirty: {st['raw']}"
+    assert tclib.read_direct(tc.path, X * B, B) == bytes(B)
