@@ -1472,6 +1472,29 @@ static bool tc_range_dirty(struct tc_cache *c, u64 first, u64 end)
 }
 
 /*
+ * The blocks whose dirty copies a discard of [start, end) may drop: those
+ * wholly inside units the origin discards, [*first, *end).  A unit is a
+ * block, or the origin's discard granularity if that is coarser (from its
+ * discard alignment on): a thin origin completes a discard of part of its
+ * block without discarding anything, and the older data would be read
+ * where the newest was.
+ */
+static void tc_discard_whole(struct tc_cache *c, sector_t start,
+			     sector_t end, u64 *first, u64 *last)
+{
+	struct block_device *o = c->origin_bdev;
+	u64 g = max_t(u64, c->block_sectors,
+		      bdev_discard_granularity(o) >> SECTOR_SHIFT);
+	u64 a, s, e;
+
+	div64_u64_rem(bdev_discard_alignment(o) >> SECTOR_SHIFT, g, &a);
+	s = start > a ? a + div64_u64(start - a + g - 1, g) * g : a;
+	e = end > a ? a + div64_u64(end - a, g) * g : a;
+	*first = DIV_ROUND_UP_ULL(s, c->block_sectors);
+	*last = max(min_t(u64, e >> c->block_shift, c->nr_blocks), *first);
+}
+
+/*
  * A discard whose range holds dirty copies: the origin discards first, and
  * only then are they dropped.  Dropped first, a discard the origin failed
  * would leave the origin's older data where the newest write was (reads
@@ -1484,8 +1507,11 @@ static int tc_discard_dirty(struct tc_cache *c, struct bio *bio, u64 lo,
 	struct bio *d;
 	int r;
 
-	d = bio_alloc_bioset(c->origin_bdev, 0, REQ_OP_DISCARD, GFP_NOIO,
+	d = bio_alloc_bioset(c->origin_bdev, 0,
+			     REQ_OP_DISCARD | (bio->bi_opf & REQ_SYNC), GFP_NOIO,
 			     &c->bs);
+	bio_clone_blkg_association(d, bio);
+	d->bi_ioprio = bio->bi_ioprio;
 	d->bi_iter.bi_sector = bio->bi_iter.bi_sector;
 	d->bi_iter.bi_size = bio->bi_iter.bi_size;
 	r = submit_bio_wait(d);
@@ -1509,13 +1535,12 @@ static void tc_discard(struct tc_cache *c, struct bio *bio)
 	struct tc_bio *pb = dm_per_bio_data(bio, sizeof(struct tc_bio));
 	bool passdown = bdev_max_discard_sectors(c->origin_bdev);
 	sector_t start = bio->bi_iter.bi_sector;
-	u64 first = (start + c->block_sectors - 1) >> c->block_shift;
-	u64 end = min_t(u64, bio_end_sector(bio) >> c->block_shift,
-			c->nr_blocks);
+	u64 first, end;
 	u64 lo = start >> c->block_shift;
 	u64 hi = min_t(u64, (bio_end_sector(bio) + c->block_sectors - 1) >>
 			    c->block_shift, c->nr_blocks);
 
+	tc_discard_whole(c, start, bio_end_sector(bio), &first, &end);
 	if (lo < hi) {
 		tc_range_lock(&c->locks, &pb->range, lo, hi);
 		pb->discard = true;
