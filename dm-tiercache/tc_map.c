@@ -411,19 +411,25 @@ static void tc_wait_wb(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 		tc_wake_wb_waiters(c);
 }
 
-/* Writeback retired an epoch: the writes parked for one try again. */
-static void tc_wake_ep_waiters(struct tc_cache *c)
+/* The writes parked on @list go through the dispatcher again. */
+static void tc_requeue_parked(struct tc_cache *c, struct bio_list *list)
 {
 	unsigned long flags;
 	bool any;
 
 	spin_lock_irqsave(&c->defer_lock, flags);
-	any = !bio_list_empty(&c->ep_wait);
-	bio_list_merge(&c->deferred, &c->ep_wait);
-	bio_list_init(&c->ep_wait);
+	any = !bio_list_empty(list);
+	bio_list_merge(&c->deferred, list);
+	bio_list_init(list);
 	spin_unlock_irqrestore(&c->defer_lock, flags);
 	if (any)
 		queue_work(c->wq, &c->io_work);
+}
+
+/* Writeback retired an epoch: the writes parked for one try again. */
+static void tc_wake_ep_waiters(struct tc_cache *c)
+{
+	tc_requeue_parked(c, &c->ep_wait);
 }
 
 /* Does a write parked for @why (a TC_WAIT_* of tc_wait_epoch()) still wait? */
@@ -493,18 +499,9 @@ static void tc_wait_epoch(struct tc_cache *c, struct bio *bio,
  */
 void tc_wake_wb_waiters(struct tc_cache *c)
 {
-	unsigned long flags;
-	bool any;
-
 	/* the slots let go, then the list read: pairs with tc_wait_wb() */
 	smp_mb();
-	spin_lock_irqsave(&c->defer_lock, flags);
-	any = !bio_list_empty(&c->wb_wait);
-	bio_list_merge(&c->deferred, &c->wb_wait);
-	bio_list_init(&c->wb_wait);
-	spin_unlock_irqrestore(&c->defer_lock, flags);
-	if (any)
-		queue_work(c->wq, &c->io_work);
+	tc_requeue_parked(c, &c->wb_wait);
 }
 
 /* Decide where a bio holding its block's lock goes, and send it on. */
