@@ -114,7 +114,7 @@ static int tc_cache_setup(struct tc_cache *c)
 
 /* A new state, entered in the registry as being created. */
 static struct tc_cache *tc_cache_alloc(struct tc_target *t,
-				       struct mapped_device *md, u32 nr_slots)
+				       struct mapped_device *md)
 {
 	struct tc_cache *c = kzalloc(sizeof(*c), GFP_KERNEL);
 
@@ -134,7 +134,7 @@ static struct tc_cache *tc_cache_alloc(struct tc_target *t,
 	c->block_sectors = t->args.block_sectors;
 	c->block_shift = ilog2(c->block_sectors);
 	c->nr_blocks = t->ti->len >> c->block_shift;
-	c->nr_slots = nr_slots;
+	c->nr_slots = 0;	/* set by tc_meta_read_sb() */
 	c->data_start = 0;	/* set by tc_meta_open() */
 	c->mode = t->args.mode;
 	c->read_only = t->read_only;
@@ -170,6 +170,9 @@ static int tc_cache_create(struct tc_cache *c, struct tc_target *t,
 {
 	int r;
 
+	r = tc_meta_read_sb(c, t, error);
+	if (r)
+		return r;
 	r = tc_cache_check_memory(c, error);
 	if (r)
 		return r;
@@ -190,13 +193,24 @@ static int tc_cache_create(struct tc_cache *c, struct tc_target *t,
 	return 0;
 }
 
+/* Does @t's cache device hold as many slots as @c, in @c's layout? */
+static bool tc_cache_same_size(struct tc_cache *c, struct tc_target *t)
+{
+	struct tc_layout l;
+
+	return !tc_disk_layout_v(bdev_nr_sectors(t->cache_dev->bdev),
+				 c->block_sectors,
+				 tc_disk_layout_version(&c->meta.layout), &l) &&
+	       l.nr_slots == c->nr_slots;
+}
+
 /* May table @t attach to the existing state @c of its device? */
 static int tc_cache_check_reload(struct tc_cache *c, struct tc_target *t,
-				 u32 nr_slots, char **error)
+				 char **error)
 {
 	if (c->origin_dev != t->origin->bdev->bd_dev ||
 	    c->block_sectors != t->args.block_sectors ||
-	    c->target_len != t->ti->len || c->nr_slots != nr_slots) {
+	    c->target_len != t->ti->len || !tc_cache_same_size(c, t)) {
 		*error = "A reload must keep the origin, block size, length and cache size (remove the device to change them)";
 		DMERR("%s: %s", c->name, *error);
 		return -EINVAL;
@@ -240,7 +254,7 @@ static int tc_cache_other(struct tc_target *t, struct tc_cache *c,
 }
 
 /* The state for table @t: the device's existing one, or a new one. */
-struct tc_cache *tc_cache_get(struct tc_target *t, u32 nr_slots, char **error)
+struct tc_cache *tc_cache_get(struct tc_target *t, char **error)
 {
 	struct mapped_device *md = dm_table_get_md(t->ti->table);
 	dev_t cdev = t->cache_dev->bdev->bd_dev;
@@ -274,7 +288,7 @@ struct tc_cache *tc_cache_get(struct tc_target *t, u32 nr_slots, char **error)
 			r = -EBUSY;
 			goto out;
 		}
-		r = tc_cache_check_reload(c, t, nr_slots, error);
+		r = tc_cache_check_reload(c, t, error);
 		if (!r && t->args.mode == TC_MODE_PASSTHROUGH &&
 		    tc_nr_dirty(c)) {
 			/* refused at load, so the live table keeps running */
@@ -290,7 +304,7 @@ struct tc_cache *tc_cache_get(struct tc_target *t, u32 nr_slots, char **error)
 		mutex_unlock(&tc_registry_lock);
 		return c;
 	}
-	c = tc_cache_alloc(t, md, nr_slots);
+	c = tc_cache_alloc(t, md);
 	if (!c) {
 		*error = "Cannot allocate the cache state";
 		r = -ENOMEM;

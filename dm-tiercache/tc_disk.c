@@ -21,18 +21,21 @@ _Static_assert(sizeof(struct tc_disk_sb) == 512, "superblock: one sector");
 _Static_assert(offsetof(struct tc_disk_sb, gen) == 192, "v2 field moved");
 _Static_assert(offsetof(struct tc_disk_sb, epoch) == 200, "v3 field moved");
 _Static_assert(sizeof(struct tc_disk_entry) == 32, "entry: 32 bytes");
+_Static_assert(sizeof(struct tc_disk_sum) == TC_MBLOCK_BYTES, "summary block");
+_Static_assert(offsetof(struct tc_disk_sum, bits) == TC_SUM_HDR_BYTES,
+	       "summary header");
 
+/* CRC-32C (Castagnoli) state update, no initial value or final XOR */
 #ifdef __KERNEL__
-u32 tc_disk_crc(const void *p, size_t len)
+static u32 tc_crc_update(u32 crc, const void *p, size_t len)
 {
-	return ~crc32c(~0u, p, len);
+	return crc32c(crc, p, len);
 }
 #else
-/* CRC-32C (Castagnoli), reflected polynomial 0x82f63b78, bitwise */
-u32 tc_disk_crc(const void *p, size_t len)
+/* reflected polynomial 0x82f63b78, bitwise */
+static u32 tc_crc_update(u32 crc, const void *p, size_t len)
 {
 	const u8 *b = p;
-	u32 crc = ~0u;
 	int k;
 
 	while (len--) {
@@ -40,21 +43,53 @@ u32 tc_disk_crc(const void *p, size_t len)
 		for (k = 0; k < 8; k++)
 			crc = (crc >> 1) ^ (0x82f63b78u & (0u - (crc & 1)));
 	}
-	return ~crc;
+	return crc;
 }
 #endif
+
+u32 tc_disk_crc(const void *p, size_t len)
+{
+	return ~tc_crc_update(~0u, p, len);
+}
 
 u64 tc_disk_meta_blocks(u64 nr_slots)
 {
 	return (nr_slots + TC_ENTRIES_PER_MBLOCK - 1) / TC_ENTRIES_PER_MBLOCK;
 }
 
-static u64 tc_data_start(u64 nr_slots, u32 block_sectors)
+u64 tc_disk_sum_blocks(u64 meta_blocks)
 {
-	u64 end = TC_META_START + tc_disk_meta_blocks(nr_slots) *
-		  TC_MBLOCK_SECTORS;
+	return (meta_blocks + TC_SUM_BITS - 1) / TC_SUM_BITS;
+}
 
-	return (end + block_sectors - 1) / block_sectors * block_sectors;
+/* Where the summary starts and ends, and slot 0 (version 4: a summary). */
+static void tc_disk_areas(u64 nr_slots, u32 block_sectors, u32 version,
+			  struct tc_layout *l)
+{
+	u64 end;
+
+	l->block_sectors = block_sectors;
+	l->nr_slots = nr_slots;
+	l->meta_start = TC_META_START;
+	l->meta_blocks = tc_disk_meta_blocks(nr_slots);
+	end = TC_META_START + l->meta_blocks * TC_MBLOCK_SECTORS;
+	l->sum_start = 0;
+	l->sum_blocks = 0;
+	if (version >= TC_DISK_VERSION) {
+		l->sum_start = end;
+		l->sum_blocks = tc_disk_sum_blocks(l->meta_blocks);
+		end += l->sum_blocks * TC_MBLOCK_SECTORS;
+	}
+	l->data_start = (end + block_sectors - 1) / block_sectors *
+			block_sectors;
+}
+
+static u64 tc_data_start(u64 nr_slots, u32 block_sectors, u32 version)
+{
+	struct tc_layout l;
+
+	tc_disk_areas(nr_slots, block_sectors, version, &l);
+	return l.data_start;
 }
 
 static bool tc_block_size_ok(u32 block_sectors)
@@ -64,10 +99,12 @@ static bool tc_block_size_ok(u32 block_sectors)
 }
 
 /*
- * The most slots a device of @cache_sectors holds with its metadata.
- * Returns 0, or -1 if not even one slot fits.
+ * The most slots a device of @cache_sectors holds with its metadata, in the
+ * layout of format @version (1 to 3: no summary; 4: a summary).  Returns 0,
+ * or -1 if not even one slot fits.
  */
-int tc_disk_layout(u64 cache_sectors, u32 block_sectors, struct tc_layout *l)
+int tc_disk_layout_v(u64 cache_sectors, u32 block_sectors, u32 version,
+		     struct tc_layout *l)
 {
 	u64 n;
 
@@ -79,17 +116,29 @@ int tc_disk_layout(u64 cache_sectors, u32 block_sectors, struct tc_layout *l)
 	    ((u64)block_sectors * 512 + sizeof(struct tc_disk_entry));
 	if (n > TC_MAX_SLOTS)
 		n = TC_MAX_SLOTS;	/* slot numbers are 32-bit on disk */
-	while (n && tc_data_start(n, block_sectors) + n * block_sectors >
-		    cache_sectors)
+	while (n && tc_data_start(n, block_sectors, version) +
+		    n * block_sectors > cache_sectors)
 		n--;
 	if (!n)
 		return -1;
-	l->block_sectors = block_sectors;
-	l->nr_slots = n;
-	l->meta_start = TC_META_START;
-	l->meta_blocks = tc_disk_meta_blocks(n);
-	l->data_start = tc_data_start(n, block_sectors);
+	tc_disk_areas(n, block_sectors, version, l);
 	return 0;
+}
+
+/* The layout a format writes (the current version's). */
+int tc_disk_layout(u64 cache_sectors, u32 block_sectors, struct tc_layout *l)
+{
+	return tc_disk_layout_v(cache_sectors, block_sectors, TC_DISK_VERSION,
+				l);
+}
+
+/*
+ * The version a superblock of layout @l is written in: 4 with a summary,
+ * else 3 (a version 1 or 2 cache is upgraded in place to 3).
+ */
+u32 tc_disk_layout_version(const struct tc_layout *l)
+{
+	return l->sum_blocks ? TC_DISK_VERSION : TC_DISK_VERSION_V3;
 }
 
 void tc_sb_encode(struct tc_disk_sb *sb, const struct tc_sb_info *i)
@@ -98,7 +147,7 @@ void tc_sb_encode(struct tc_disk_sb *sb, const struct tc_sb_info *i)
 
 	memset(sb, 0, sizeof(*sb));
 	memcpy(sb->magic, TC_DISK_MAGIC, sizeof(sb->magic));
-	sb->version = cpu_to_le32(TC_DISK_VERSION);
+	sb->version = cpu_to_le32(tc_disk_layout_version(&i->layout));
 	sb->commit_seq = cpu_to_le64(i->commit_seq);
 	sb->block_sectors = cpu_to_le32(i->layout.block_sectors);
 	sb->nr_slots = cpu_to_le64(i->layout.nr_slots);
@@ -124,7 +173,8 @@ static bool tc_sb_fields_ok(const struct tc_disk_sb *sb,
 	if (!l->nr_slots || l->nr_slots > TC_MAX_SLOTS ||
 	    l->meta_start != TC_META_START || !i->origin_sectors)
 		return false;
-	if (l->data_start != tc_data_start(l->nr_slots, l->block_sectors))
+	if (l->data_start != tc_data_start(l->nr_slots, l->block_sectors,
+					   i->version))
 		return false;
 	for (k = 0; k < sizeof(sb->reserved); k++)
 		if (sb->reserved[k])
@@ -150,8 +200,7 @@ enum tc_sb_result tc_sb_decode(const struct tc_disk_sb *sb,
 	if (tc_disk_crc(&tmp, sizeof(tmp)) != le32_to_cpu(sb->csum))
 		return TC_SB_BAD_CSUM;
 	version = le32_to_cpu(sb->version);
-	if (version != TC_DISK_VERSION && version != TC_DISK_VERSION_V2 &&
-	    version != TC_DISK_VERSION_V1)
+	if (version < TC_DISK_VERSION_V1 || version > TC_DISK_VERSION)
 		return TC_SB_BAD_VERSION;
 	memset(i, 0, sizeof(*i));
 	i->version = version;
@@ -168,7 +217,8 @@ enum tc_sb_result tc_sb_decode(const struct tc_disk_sb *sb,
 	i->uuid[TC_UUID_BYTES] = 0;
 	if (!tc_sb_fields_ok(sb, i))
 		return TC_SB_BAD_FIELDS;
-	i->layout.meta_blocks = tc_disk_meta_blocks(i->layout.nr_slots);
+	tc_disk_areas(i->layout.nr_slots, i->layout.block_sectors, version,
+		      &i->layout);
 	return TC_SB_OK;
 }
 
@@ -327,6 +377,54 @@ const char *tc_de_result_str(enum tc_de_result r)
 		return "invalid flags";
 	case TC_DE_BAD_BLOCK:
 		return "origin block beyond the origin";
+	}
+	return "unknown";
+}
+
+/* ---- the summary (version 4) ---- */
+
+/* The CRC-32C of @s with its checksum zero and @index and @gen put in. */
+static u32 tc_sum_crc(const struct tc_disk_sum *s, __le32 index, __le32 gen)
+{
+	struct tc_disk_sum_hdr {
+		__le32 gen, index, csum, reserved;
+	} h = { gen, index, 0, s->reserved };
+
+	return ~tc_crc_update(tc_crc_update(~0u, &h, sizeof(h)), s->bits,
+			      sizeof(s->bits));
+}
+
+/* Give summary block @s, whose bits are set, its identity and checksum. */
+void tc_sum_seal(struct tc_disk_sum *s, u32 index, u32 gen)
+{
+	s->gen = cpu_to_le32(gen);
+	s->index = cpu_to_le32(index);
+	s->reserved = 0;
+	s->csum = cpu_to_le32(tc_sum_crc(s, s->index, s->gen));
+}
+
+/*
+ * What summary block number @index says under format generation @gen
+ * (tc_disk.h, "The summary"): its bits only if it is of this generation
+ * and index, with a right checksum and reserved word; anything else
+ * (torn, damaged, misplaced, zeroed, another format's) reads as all set.
+ */
+enum tc_sum_result tc_sum_decode(const struct tc_disk_sum *s, u32 index,
+				 u32 gen)
+{
+	if (s->gen != cpu_to_le32(gen) || s->index != cpu_to_le32(index) ||
+	    s->reserved || tc_sum_crc(s, s->index, s->gen) != le32_to_cpu(s->csum))
+		return TC_SUM_BAD;
+	return TC_SUM_OK;
+}
+
+const char *tc_sum_result_str(enum tc_sum_result r)
+{
+	switch (r) {
+	case TC_SUM_OK:
+		return "valid";
+	case TC_SUM_BAD:
+		return "torn, damaged or not of this format (read as all set)";
 	}
 	return "unknown";
 }

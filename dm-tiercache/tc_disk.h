@@ -11,9 +11,12 @@
  *   0                      superblock (struct tc_disk_sb, one sector used)
  *   TC_META_START          entries: one struct tc_disk_entry per slot,
  *                          TC_ENTRIES_PER_MBLOCK to a 4 KiB metadata block
+ *   sum_start              version 4: the summary, sum_blocks 4 KiB blocks
+ *                          (struct tc_disk_sum), right after the entries
  *   data_start             slot 0, slot 1, ... (block_sectors each)
  *
- * data_start is the end of the entries rounded up to the block size.
+ * data_start is the end of the entries (version 4: of the summary) rounded
+ * up to the block size.
  *
  * Crash consistency rests on three rules kept by the module:
  * - an entry says "dirty block B" only once the slot holds data of B, and
@@ -101,10 +104,32 @@
  * entries of one block with the same absolute epoch are corruption, as
  * two dirty entries of one block are in versions 1 and 2.
  *
- * The module writes version 3 only: a version 1 or 2 cache decodes as
- * superblock epoch 0 with every entry of epoch 0 (epoch bits in one of its
- * entries are invalid flags), and becomes version 3 at its first commit,
- * keeping its generation.
+ * A version 1 or 2 cache decodes as superblock epoch 0 with every entry of
+ * epoch 0 (epoch bits in one of its entries are invalid flags), and
+ * becomes version 3 at its first commit, keeping its generation.
+ *
+ * The summary (version 4).  One bit per metadata block: "may hold a dirty
+ * entry", so that a load reads the summary and then only the marked
+ * blocks, in time proportional to what is dirty rather than to the cache
+ * size.  It sits between the entries and the data, so only a format
+ * makes a cache of version 4 (tc_disk_layout()); a version 3 cache keeps
+ * its layout and the full scan.  Summary block k covers metadata blocks
+ * [k * TC_SUM_BITS, (k + 1) * TC_SUM_BITS), bit j of the block in byte
+ * j / 8, bit j % 8.  The rule the module keeps:
+ *   every metadata block holding one of our entries with the DIRTY flag
+ *   (committed or not) has its bit set in a summary block of this
+ *   generation that was durable before that entry was written.
+ * So a bit is set, and its summary block written with REQ_FUA, before the
+ * commit that first writes a dirty entry into its metadata block writes
+ * that block; and it is cleared only once the metadata block's last
+ * complete write left no dirty entry in it.  A format writes every
+ * summary block, all clear, in its new generation, before its superblock
+ * (at most 1029 blocks, 4 MiB, for 2^32 slots).  So a summary block
+ * decodes (tc_sum_decode()) as its bits only if it is of this generation
+ * and index with a right checksum; anything else (torn, damaged, zeroed,
+ * misplaced, of another format) reads as "bad": every bit of its range
+ * set, and the load reads those blocks (a damaged summary costs reads,
+ * never data).
  */
 #ifndef DM_TIERCACHE_DISK_H
 #define DM_TIERCACHE_DISK_H
@@ -131,7 +156,8 @@ typedef uint64_t __le64;
 #endif
 
 #define TC_DISK_MAGIC		"TIERCACH"
-#define TC_DISK_VERSION		3	/* the version written */
+#define TC_DISK_VERSION		4	/* written by a format: v3 + summary */
+#define TC_DISK_VERSION_V3	3	/* still read and written: no summary */
 #define TC_DISK_VERSION_V2	2	/* still read: no epochs (all 0) */
 #define TC_DISK_VERSION_V1	1	/* still read, as generation 0 */
 
@@ -191,11 +217,31 @@ struct tc_disk_entry {
 
 #define TC_ENTRIES_PER_MBLOCK	(TC_MBLOCK_BYTES / sizeof(struct tc_disk_entry))
 
+/* A summary block (version 4): one bit per metadata block. */
+#define TC_SUM_HDR_BYTES	16
+#define TC_SUM_BYTES		(TC_MBLOCK_BYTES - TC_SUM_HDR_BYTES)
+#define TC_SUM_BITS		(TC_SUM_BYTES * 8)	/* metadata blocks */
+
+struct tc_disk_sum {
+	__le32 gen;			/* format generation */
+	__le32 index;			/* own number in the summary */
+	__le32 csum;			/* crc32c of the block, csum = 0 */
+	__le32 reserved;		/* 0 */
+	__u8 bits[TC_SUM_BYTES];
+};
+
+enum tc_sum_result {
+	TC_SUM_OK,		/* this generation's: its bits */
+	TC_SUM_BAD,		/* anything else: read as all set */
+};
+
 struct tc_layout {
 	u32 block_sectors;
 	u64 nr_slots;
 	u64 meta_start;
 	u64 meta_blocks;		/* 4 KiB metadata blocks */
+	u64 sum_start;			/* version 4; else 0 */
+	u64 sum_blocks;			/* 4 KiB summary blocks; 0: none */
 	u64 data_start;
 };
 
@@ -204,7 +250,7 @@ struct tc_sb_info {
 	struct tc_layout layout;
 	u64 commit_seq;
 	u64 origin_sectors;
-	u32 version;			/* as read; tc_sb_encode writes the current */
+	u32 version;			/* as read; tc_sb_encode: the layout's */
 	u32 gen;			/* format generation */
 	u32 flags;			/* TC_SB_* */
 	u64 epoch;			/* dirty epochs >= it (v1, v2: 0) */
@@ -252,7 +298,11 @@ static inline u64 tc_disk_epoch(u64 sb_epoch, u16 e)
 u32 tc_disk_crc(const void *p, size_t len);
 
 int tc_disk_layout(u64 cache_sectors, u32 block_sectors, struct tc_layout *l);
+int tc_disk_layout_v(u64 cache_sectors, u32 block_sectors, u32 version,
+		     struct tc_layout *l);
+u32 tc_disk_layout_version(const struct tc_layout *l);
 u64 tc_disk_meta_blocks(u64 nr_slots);
+u64 tc_disk_sum_blocks(u64 meta_blocks);
 
 void tc_sb_encode(struct tc_disk_sb *sb, const struct tc_sb_info *i);
 enum tc_sb_result tc_sb_decode(const struct tc_disk_sb *sb,
@@ -267,5 +317,20 @@ enum tc_de_result tc_de_decode(const struct tc_disk_entry *d, u64 slot,
 			       u32 version, struct tc_de_info *i);
 bool tc_de_free(enum tc_de_result r);
 const char *tc_de_result_str(enum tc_de_result r);
+
+void tc_sum_seal(struct tc_disk_sum *s, u32 index, u32 gen);
+enum tc_sum_result tc_sum_decode(const struct tc_disk_sum *s, u32 index,
+				 u32 gen);
+const char *tc_sum_result_str(enum tc_sum_result r);
+
+static inline bool tc_sum_test(const struct tc_disk_sum *s, u32 j)
+{
+	return s->bits[j / 8] >> (j % 8) & 1;
+}
+
+static inline void tc_sum_set(struct tc_disk_sum *s, u32 j)
+{
+	s->bits[j / 8] |= 1u << (j % 8);
+}
 
 #endif /* DM_TIERCACHE_DISK_H */

@@ -45,13 +45,15 @@
  * commit with nothing to do does not even flush the cache device) or while
  * the table is read-only.
  *
- * A format writes the superblock only, with a new format generation
- * (tc_disk.h): entries of other generations, and whatever else the entry
- * area holds, read as empty (foreign).  A commit rewrites a foreign entry
- * only when its slot is to hold a block; one that should be empty is
- * right as it is.  Every superblock written is of the current version: a
- * cache of version 1 (generation 0) or 2 is upgraded by its first commit,
- * whose superblock first says so alone (tc_meta_upgrade_sb()).
+ * A format writes the superblock and the summary (version 4) only, with a
+ * new format generation (tc_disk.h): entries of other generations, and
+ * whatever else the entry area holds, read as empty (foreign).  A commit
+ * rewrites a foreign entry only when its slot is to hold a block; one that
+ * should be empty is right as it is.  Every superblock written is of its
+ * layout's version: 4 with a summary (tc_msum.c: before step 2, the
+ * summary blocks whose marks change are written with REQ_FUA), 3 without;
+ * a cache of version 1 (generation 0) or 2 is upgraded to 3 by its first
+ * commit, whose superblock first says so alone (tc_meta_upgrade_sb()).
  */
 #include <linux/vmalloc.h>
 #include <linux/slab.h>
@@ -264,6 +266,15 @@ static bool tc_meta_entry_right(u32 slot, const struct tc_disk_entry *d,
 	       info.epoch == w->epoch;
 }
 
+/* A dirty entry the commit could not write yet: the next one writes it. */
+static void tc_meta_rechange(struct tc_meta *m, u64 mb)
+{
+	spin_lock_irq(&m->lock);
+	__set_bit(mb, m->changed);
+	m->any_changed = true;
+	spin_unlock_irq(&m->lock);
+}
+
 /*
  * Bring metadata block @mb, read into @blk, to what its entries should say
  * (commit sequence @seq): the wanted state is taken under the lock, the
@@ -278,13 +289,21 @@ static void tc_meta_fill_block(struct tc_cache *c, u64 mb, void *blk,
 	struct tc_meta_want *w = m->want_buf;
 	u32 s = mb * TC_ENTRIES_PER_MBLOCK;
 	u32 last = min_t(u64, s + TC_ENTRIES_PER_MBLOCK, m->layout.nr_slots);
+	bool marked = tc_msum_marked(m, mb), dirty = false, held = false;
 
 	spin_lock_irq(&m->lock);
 	tc_meta_want_block(c, mb, seq);
 	spin_unlock_irq(&m->lock);
 	for (; s < last; s++, d++, w++) {
+		dirty |= w->dirty;
 		if (tc_meta_entry_right(s, d, w, seq, m->gen))
 			continue;
+		if (w->dirty && !marked) {
+			/* changed since the summary was written (late) */
+			WARN_ON_ONCE(w->seq == seq);
+			held = true;
+			continue;
+		}
 		if (!w->valid)
 			tc_de_encode_empty(d);
 		else
@@ -292,6 +311,9 @@ static void tc_meta_fill_block(struct tc_cache *c, u64 mb, void *blk,
 				     w->epoch);
 	}
 	/* past the last slot: the rest of the last block stays as it is */
+	tc_msum_note(m, mb, dirty);
+	if (held)
+		tc_meta_rechange(m, mb);
 }
 
 /* A failed commit: its blocks are changed again. */
@@ -338,8 +360,8 @@ static int tc_meta_bio(struct tc_cache *c, void *buf, sector_t sector,
  * 1 MiB: tc_meta_bio() allocates a vector more than the pages it covers,
  * and more than BIO_MAX_VECS is a BUG() in bvec_alloc().
  */
-static int tc_meta_rw(struct tc_cache *c, void *buf, sector_t sector,
-		      size_t bytes, blk_opf_t opf)
+int tc_meta_rw(struct tc_cache *c, void *buf, sector_t sector,
+	       size_t bytes, blk_opf_t opf)
 {
 	const size_t max = (size_t)(BIO_MAX_VECS - 1) * PAGE_SIZE;
 	size_t off, n;
@@ -430,6 +452,7 @@ static void tc_meta_after_commit(struct tc_cache *c)
 	u32 s, first, last;
 
 	for_each_set_bit(mb, m->snap, m->layout.meta_blocks) {
+		tc_msum_written(m, mb);
 		first = mb * TC_ENTRIES_PER_MBLOCK;
 		last = min_t(u64, first + TC_ENTRIES_PER_MBLOCK,
 			     m->layout.nr_slots);
@@ -511,20 +534,42 @@ static void tc_meta_floor_moved(struct tc_cache *c);
 static int tc_meta_upgrade_sb(struct tc_cache *c)
 {
 	struct tc_meta *m = &c->meta;
+	u32 version = tc_disk_layout_version(&m->layout);
 	u64 epoch = m->commit_epoch;
 	int r;
 
-	if (m->version == TC_DISK_VERSION)
+	if (m->version == version)
 		return 0;
 	m->commit_epoch = m->committed_epoch;
 	r = tc_meta_write_sb(c, m->committed_seq);
 	m->commit_epoch = epoch;
 	if (!r) {
-		m->version = TC_DISK_VERSION;
+		m->version = version;
 		DMINFO("%s: superblock rewritten in format version %u",
-		       c->name, TC_DISK_VERSION);
+		       c->name, version);
 	}
 	return r;
+}
+
+/*
+ * Summary marks wait to be cleared (tc_msum.c): another commit, after
+ * commit_ms, or at once if the device is being suspended (the caller
+ * commits again).  Under commit_lock.
+ */
+static void tc_meta_commit_again(struct tc_cache *c)
+{
+	struct tc_meta *m = &c->meta;
+	unsigned long delay;
+
+	if (!tc_msum_pending(m))
+		return;
+	delay = msecs_to_jiffies(READ_ONCE(c->val[TC_KEY_COMMIT_MS]));
+	/* under the lock: a suspend then finds the timer and cancels it */
+	spin_lock_irq(&m->lock);
+	m->force_sb = true;
+	if (!m->suspended)
+		queue_delayed_work(c->wq, &m->timer_work, delay);
+	spin_unlock_irq(&m->lock);
 }
 
 int tc_meta_commit(struct tc_cache *c)
@@ -556,7 +601,9 @@ int tc_meta_commit(struct tc_cache *c)
 		m->commit_epoch = tc_epoch_oldest(&c->ix.ep);
 		seq = tc_meta_snapshot(m, &any);
 		if (any) {
-			r = tc_meta_write_blocks(c, seq);
+			r = tc_msum_prepare(c);
+			if (!r)
+				r = tc_meta_write_blocks(c, seq);
 			if (!r)
 				r = tc_meta_write_sb(c, seq);
 			if (r) {
@@ -567,6 +614,7 @@ int tc_meta_commit(struct tc_cache *c)
 				tc_epoch_set_floor(&c->ix.ep, m->commit_epoch);
 				atomic64_inc(&m->commits);
 				tc_meta_after_commit(c);
+				tc_meta_commit_again(c);
 			}
 		}
 	}
@@ -652,13 +700,11 @@ static int tc_meta_alloc(struct tc_meta *m)
 	m->late_seq = kvcalloc(n, sizeof(u64), GFP_KERNEL | __GFP_NOWARN);
 	m->want_buf = kmalloc_array(TC_ENTRIES_PER_MBLOCK,
 				    sizeof(*m->want_buf), GFP_KERNEL);
-	m->sb = (void *)get_zeroed_page(GFP_KERNEL);
 	if (!m->bounce || !m->changed || !m->snap || !m->disk_dirty ||
 	    !m->pending_free || !m->stale || !m->wrote_clean || !m->want_valid ||
-	    !m->want_dirty || !m->late || !m->late_seq || !m->want_buf ||
-	    !m->sb)
+	    !m->want_dirty || !m->late || !m->late_seq || !m->want_buf)
 		return -ENOMEM;
-	return 0;
+	return tc_msum_alloc(m);
 }
 
 void tc_meta_free(struct tc_cache *c)
@@ -677,6 +723,7 @@ void tc_meta_free(struct tc_cache *c)
 	kvfree(m->disk_dirty);
 	kvfree(m->pending_free);
 	kvfree(m->stale);
+	tc_msum_free(m);
 	free_page((unsigned long)m->sb);
 	m->bounce = NULL;
 	m->sb = NULL;
@@ -695,6 +742,26 @@ void tc_meta_init(struct tc_cache *c)
 	m->suspended = true;	/* until the first resume */
 }
 
+/*
+ * The last commit before a suspend or the end: and one more if it left
+ * summary marks to clear (tc_meta_commit_again()), so that the next load
+ * reads only blocks with dirty entries.
+ */
+static int tc_meta_commit_last(struct tc_cache *c)
+{
+	struct tc_meta *m = &c->meta;
+	bool again;
+	int r;
+
+	r = tc_meta_commit(c);
+	spin_lock_irq(&m->lock);
+	again = m->force_sb;
+	spin_unlock_irq(&m->lock);
+	if (!r && again)
+		r = tc_meta_commit(c);
+	return r;
+}
+
 /* The device is suspended: commit what changed, then nothing more. */
 void tc_meta_suspend(struct tc_cache *c)
 {
@@ -705,7 +772,7 @@ void tc_meta_suspend(struct tc_cache *c)
 	spin_unlock_irq(&m->lock);
 	cancel_delayed_work_sync(&m->timer_work);
 	flush_work(&m->commit_work);
-	tc_meta_commit(c);
+	tc_meta_commit_last(c);
 }
 
 void tc_meta_resume(struct tc_cache *c)
@@ -716,7 +783,7 @@ void tc_meta_resume(struct tc_cache *c)
 	spin_lock_irq(&m->lock);
 	m->suspended = false;
 	m->read_only = READ_ONCE(c->read_only);
-	arm = m->any_changed;
+	arm = m->any_changed || m->force_sb;
 	spin_unlock_irq(&m->lock);
 	if (arm)
 		queue_delayed_work(c->wq, &m->timer_work,
@@ -730,9 +797,12 @@ int tc_meta_close(struct tc_cache *c)
 
 	if (!m->bounce)
 		return 0;
+	spin_lock_irq(&m->lock);
+	m->suspended = true;	/* no timer armed from now */
+	spin_unlock_irq(&m->lock);
 	cancel_delayed_work_sync(&m->timer_work);
 	flush_work(&m->commit_work);
-	return tc_meta_commit(c);
+	return tc_meta_commit_last(c);
 }
 
 /*
@@ -765,7 +835,9 @@ static int tc_meta_format(struct tc_cache *c, const struct tc_sb_info *old,
 	int r;
 
 	m->gen = tc_meta_new_gen(old);
-	r = tc_meta_write_sb(c, 1);
+	r = tc_msum_format(c);
+	if (!r)
+		r = tc_meta_write_sb(c, 1);
 	if (r) {
 		*error = "Cannot format the cache device (write error)";
 		DMERR("%s: formatting the cache device failed: %d", c->name, r);
@@ -786,6 +858,7 @@ struct tc_meta_load {
 	unsigned int nr_bad;
 	unsigned int nr_dirty;
 	unsigned int nr_stale;
+	u64 nr_read;		/* metadata blocks read */
 };
 
 static void tc_meta_report(struct tc_cache *c, u32 slot, enum tc_de_result r,
@@ -822,10 +895,13 @@ static int tc_meta_load_dirty(struct tc_cache *c, u32 slot, u64 block,
 	return 0;
 }
 
-/* Take in one entry found at load; an error ends the load. */
+/*
+ * Take in one entry found at load; an error ends the load.  @may_dirty:
+ * the entry is dirty or uncommitted (the summary keeps its block marked).
+ */
 static int tc_meta_load_entry(struct tc_cache *c, u32 s,
 			      const struct tc_disk_entry *d,
-			      struct tc_meta_load *ld)
+			      struct tc_meta_load *ld, bool *may_dirty)
 {
 	struct tc_meta *m = &c->meta;
 	struct tc_de_info info;
@@ -843,8 +919,10 @@ static int tc_meta_load_entry(struct tc_cache *c, u32 s,
 		/* rewritten empty by the first commit (nothing is wanted) */
 		__set_bit(s / TC_ENTRIES_PER_MBLOCK, m->changed);
 		ld->nr_stale++;
+		*may_dirty = true;
 		return 0;
 	case TC_DE_DIRTY_OK:
+		*may_dirty = true;
 		r = tc_meta_load_dirty(c, s, info.block,
 				       tc_disk_epoch(c->ix.ep.floor, info.epoch));
 		if (r == -EUCLEAN)
@@ -854,40 +932,62 @@ static int tc_meta_load_entry(struct tc_cache *c, u32 s,
 		ld->nr_dirty++;
 		return 0;
 	default:
+		*may_dirty = true;
 		tc_meta_report(c, s, res, &ld->nr_bad);
 		return 0;
 	}
 }
 
+/* Take in the entries of metadata block @mb, read into @blk. */
+static int tc_meta_load_block(struct tc_cache *c, u64 mb, void *blk,
+			      struct tc_meta_load *ld)
+{
+	struct tc_disk_entry *d = blk;
+	u64 s = mb * TC_ENTRIES_PER_MBLOCK;
+	u64 last = min_t(u64, s + TC_ENTRIES_PER_MBLOCK,
+			 c->meta.layout.nr_slots);
+	bool may_dirty = false;
+	int r;
+
+	for (; s < last; s++, d++) {
+		r = tc_meta_load_entry(c, s, d, ld, &may_dirty);
+		if (r)
+			return r;
+	}
+	tc_msum_loaded(&c->meta, mb, may_dirty);
+	ld->nr_read++;
+	return 0;
+}
+
 /*
- * Read the entries, a bounce buffer at a time, and index the committed
- * dirty blocks.  Entries of a commit that did not finish are rewritten
- * empty by the first commit, before its sequence could make them look
- * committed.
+ * Read the entries of the blocks the summary marks (every block without
+ * one), a bounce buffer at a time, and index the committed dirty blocks.
+ * Entries of a commit that did not finish are rewritten empty by the
+ * first commit, before its sequence could make them look committed.
  */
 static int tc_meta_load_entries(struct tc_cache *c, char **error)
 {
 	struct tc_meta *m = &c->meta;
 	struct tc_meta_load ld = { };
-	u64 mb, n, s, last;
+	u64 mb, end, start;
 	int r;
 
-	for (mb = 0; mb < m->layout.meta_blocks; mb += n) {
-		n = min(m->bounce_blocks, m->layout.meta_blocks - mb);
+	r = tc_msum_load(c, m->gen);
+	if (r)
+		goto unreadable;
+	for (mb = 0; ; mb = end) {
+		end = tc_msum_next_run(m, mb, m->bounce_blocks, &start);
+		if (start >= end)
+			break;
 		r = tc_meta_rw(c, m->bounce,
-			       m->layout.meta_start + mb * TC_MBLOCK_SECTORS,
-			       n * TC_MBLOCK_BYTES, REQ_OP_READ);
-		if (r) {
-			*error = "Cannot read the cache metadata";
-			return r;
-		}
-		s = mb * TC_ENTRIES_PER_MBLOCK;
-		last = min_t(u64, s + n * TC_ENTRIES_PER_MBLOCK,
-			     m->layout.nr_slots);
-		for (; s < last; s++) {
-			r = tc_meta_load_entry(c, s, (struct tc_disk_entry *)
-					       m->bounce + (s - mb *
-					       TC_ENTRIES_PER_MBLOCK), &ld);
+			       m->layout.meta_start + start * TC_MBLOCK_SECTORS,
+			       (end - start) * TC_MBLOCK_BYTES, REQ_OP_READ);
+		if (r)
+			goto unreadable;
+		for (mb = start; mb < end; mb++) {
+			void *blk = tc_meta_mblock(m->bounce, mb - start);
+
+			r = tc_meta_load_block(c, mb, blk, &ld);
 			if (r)
 				return r;
 		}
@@ -901,9 +1001,13 @@ static int tc_meta_load_entries(struct tc_cache *c, char **error)
 		return -EUCLEAN;
 	}
 	m->any_changed |= ld.nr_stale;
-	DMINFO("%s: loaded %u dirty blocks (commit %llu), ignored %u uncommitted entries",
-	       c->name, ld.nr_dirty, m->committed_seq, ld.nr_stale);
+	DMINFO("%s: loaded %u dirty blocks (commit %llu), ignored %u uncommitted entries; read %llu of %llu metadata blocks",
+	       c->name, ld.nr_dirty, m->committed_seq, ld.nr_stale,
+	       ld.nr_read, m->layout.meta_blocks);
 	return 0;
+unreadable:
+	*error = "Cannot read the cache metadata";
+	return r;
 }
 
 /* Does the superblock belong to this table? */
@@ -962,14 +1066,61 @@ static int tc_meta_load(struct tc_cache *c, struct tc_target *t,
 	if (!m->uuid[0])
 		memcpy(m->uuid, i->uuid, sizeof(m->uuid));
 	m->force_sb = true;	/* a new sequence before any IO */
-	if (i->version != TC_DISK_VERSION)
+	if (i->version != tc_disk_layout_version(&m->layout))
 		DMINFO("%s: metadata of format version %u: version %u from the first commit",
-		       c->name, i->version, TC_DISK_VERSION);
+		       c->name, i->version, tc_disk_layout_version(&m->layout));
 	if (t->read_only)
 		return 0;	/* written when a writable table resumes */
 	r = tc_meta_commit(c);
 	if (r)
 		*error = "Cannot write the cache metadata";
+	return r;
+}
+
+static bool tc_layout_equal(const struct tc_layout *a,
+			    const struct tc_layout *b)
+{
+	return a->block_sectors == b->block_sectors &&
+	       a->nr_slots == b->nr_slots && a->meta_start == b->meta_start &&
+	       a->meta_blocks == b->meta_blocks &&
+	       a->sum_start == b->sum_start &&
+	       a->sum_blocks == b->sum_blocks &&
+	       a->data_start == b->data_start;
+}
+
+/*
+ * tc_meta_count_dirty() of a cache of the layout about to be written, with
+ * a summary: only the blocks it marks.
+ */
+static int tc_meta_count_marked(struct tc_cache *c, const struct tc_sb_info *i,
+				u64 *dirty)
+{
+	struct tc_meta *m = &c->meta;
+	struct tc_disk_entry *buf = m->bounce;
+	struct tc_de_info info;
+	u64 mb, end, start, s, last;
+	int r;
+
+	r = tc_msum_load(c, i->gen);
+	for (mb = 0; !r; mb = end) {
+		end = tc_msum_next_run(m, mb, m->bounce_blocks, &start);
+		if (start >= end)
+			break;
+		r = tc_meta_rw(c, buf, m->layout.meta_start +
+			       start * TC_MBLOCK_SECTORS,
+			       (end - start) * TC_MBLOCK_BYTES, REQ_OP_READ);
+		s = start * TC_ENTRIES_PER_MBLOCK;
+		last = min_t(u64, end * TC_ENTRIES_PER_MBLOCK,
+			     m->layout.nr_slots);
+		for (; s < last && !r; s++)
+			if (tc_de_decode(buf + s - start * TC_ENTRIES_PER_MBLOCK,
+					 s, U64_MAX, i->commit_seq, i->gen,
+					 i->version, &info) == TC_DE_DIRTY_OK)
+				(*dirty)++;
+		cond_resched();
+	}
+	/* that summary was the old generation's */
+	tc_msum_reset(m);
 	return r;
 }
 
@@ -991,6 +1142,8 @@ static int tc_meta_count_dirty(struct tc_cache *c, const struct tc_sb_info *i,
 	if (l->data_start + l->nr_slots * l->block_sectors >
 	    bdev_nr_sectors(c->cache_bdev))
 		return 0;	/* cannot be this device's: nothing to lose */
+	if (l->sum_blocks && tc_layout_equal(l, &c->meta.layout))
+		return tc_meta_count_marked(c, i, dirty);
 	for (s = 0; s < l->nr_slots && !r; s += per_chunk) {
 		n = min(per_chunk, l->nr_slots - s);
 		r = tc_meta_rw(c, buf, l->meta_start + s * sizeof(*buf) / 512,
@@ -1006,15 +1159,6 @@ static int tc_meta_count_dirty(struct tc_cache *c, const struct tc_sb_info *i,
 	return r;
 }
 
-static bool tc_layout_equal(const struct tc_layout *a,
-			    const struct tc_layout *b)
-{
-	return a->block_sectors == b->block_sectors &&
-	       a->nr_slots == b->nr_slots && a->meta_start == b->meta_start &&
-	       a->meta_blocks == b->meta_blocks &&
-	       a->data_start == b->data_start;
-}
-
 /*
  * "format" over a valid superblock: only of the same geometry (another one
  * may describe entries this device no longer has, or a device that grew:
@@ -1023,14 +1167,18 @@ static bool tc_layout_equal(const struct tc_layout *a,
 static int tc_meta_may_format(struct tc_cache *c, const struct tc_sb_info *i,
 			      char **error)
 {
+	struct tc_layout same;
 	u64 dirty;
 	int r;
 
-	if (!tc_layout_equal(&i->layout, &c->meta.layout)) {
+	/* this device, in the layout of the superblock's version */
+	if (tc_disk_layout_v(bdev_nr_sectors(c->cache_bdev), c->block_sectors,
+			     i->version, &same) ||
+	    !tc_layout_equal(&i->layout, &same)) {
 		*error = "Cache superblock of another geometry: 'format' refused (check it with tiercache check, then wipe it)";
-		DMERR("%s: format refused: the cache was formatted for %llu slots of %u sectors, this table needs %llu of %u",
+		DMERR("%s: format refused: the cache was formatted for %llu slots of %u sectors, this device holds %llu of %u in that format version",
 		      c->name, i->layout.nr_slots, i->layout.block_sectors,
-		      c->meta.layout.nr_slots, c->block_sectors);
+		      same.nr_slots, c->block_sectors);
 		return -EBUSY;
 	}
 	if (i->flags & TC_SB_FAILED) {
@@ -1053,16 +1201,55 @@ static int tc_meta_may_format(struct tc_cache *c, const struct tc_sb_info *i,
 }
 
 /*
- * Set up the metadata of a new cache state: read the superblock, then
- * format (if asked and safe) or load.  Nothing is written on a refusal.
+ * Read the superblock and take the layout it implies, before anything is
+ * sized by the slot count (c->nr_slots): a cache of version 1 to 3 keeps
+ * its own (no summary); a format, or a device without a valid superblock,
+ * gets the current one.
+ */
+int tc_meta_read_sb(struct tc_cache *c, struct tc_target *t, char **error)
+{
+	struct tc_meta *m = &c->meta;
+	sector_t size = bdev_nr_sectors(c->cache_bdev);
+	int r;
+
+	m->sb = (void *)get_zeroed_page(GFP_KERNEL);
+	if (!m->sb) {
+		*error = "Cannot allocate the metadata state";
+		return -ENOMEM;
+	}
+	r = tc_meta_rw(c, m->sb, 0, TC_MBLOCK_BYTES, REQ_OP_READ);
+	if (r) {
+		*error = "Cannot read the cache superblock";
+		return r;
+	}
+	m->sb_res = tc_sb_decode(m->sb, &m->sb_info);
+	r = tc_disk_layout(size, c->block_sectors, &m->layout);
+	if (!r && m->sb_res == TC_SB_OK && !t->args.format &&
+	    !m->sb_info.layout.sum_blocks)
+		r = tc_disk_layout_v(size, c->block_sectors,
+				     m->sb_info.version, &m->layout);
+	if (r || m->layout.nr_slots < TC_MIN_SLOTS) {
+		*error = "The cache device is too small";
+		DMERR("%s: the cache device holds %llu slots in its layout, at least %u needed",
+		      c->name, r ? 0 : m->layout.nr_slots, TC_MIN_SLOTS);
+		return -EINVAL;
+	}
+	c->nr_slots = m->layout.nr_slots;
+	return 0;
+}
+
+/*
+ * Set up the metadata of a new cache state (superblock read by
+ * tc_meta_read_sb()): format (if asked and safe) or load.  Nothing is
+ * written on a refusal.
  */
 int tc_meta_open(struct tc_cache *c, struct tc_target *t, char **error)
 {
 	struct tc_meta *m = &c->meta;
 	struct mapped_device *md = dm_table_get_md(t->ti->table);
+	const struct tc_sb_info *i = &m->sb_info;
+	enum tc_sb_result res = m->sb_res;
 	char name[DM_NAME_LEN];
-	struct tc_sb_info i;
-	enum tc_sb_result res;
 	int r;
 
 	BUILD_BUG_ON(sizeof(struct tc_disk_sb) != 512);
@@ -1070,8 +1257,6 @@ int tc_meta_open(struct tc_cache *c, struct tc_target *t, char **error)
 	BUILD_BUG_ON(offsetof(struct tc_disk_sb, gen) != 192);
 	BUILD_BUG_ON(TC_MBLOCK_BYTES > PAGE_SIZE);
 
-	tc_disk_layout(bdev_nr_sectors(c->cache_bdev), c->block_sectors,
-		       &m->layout);
 	m->origin_sectors = c->target_len;
 	m->read_only = t->read_only;
 	if (dm_copy_name_and_uuid(md, name, m->uuid))
@@ -1081,18 +1266,12 @@ int tc_meta_open(struct tc_cache *c, struct tc_target *t, char **error)
 		*error = "Cannot allocate the metadata state";
 		return r;
 	}
-	r = tc_meta_rw(c, m->sb, 0, TC_MBLOCK_BYTES, REQ_OP_READ);
-	if (r) {
-		*error = "Cannot read the cache superblock";
-		return r;
-	}
-	res = tc_sb_decode(m->sb, &i);
 	if (t->args.format && t->read_only) {
 		*error = "A read-only table cannot format the cache device";
 		return -EROFS;
 	}
 	if (res == TC_SB_OK && t->args.format)
-		r = tc_meta_may_format(c, &i, error);
+		r = tc_meta_may_format(c, i, error);
 	if (res == TC_SB_BAD_VERSION && t->args.format) {
 		/* perhaps a newer module's cache, with dirty data */
 		*error = "Cache superblock of an unknown format version: 'format' refused (wipe the superblock to start anew)";
@@ -1100,16 +1279,16 @@ int tc_meta_open(struct tc_cache *c, struct tc_target *t, char **error)
 	}
 	if (r)
 		return r;
-	if (res == TC_SB_OK && !t->args.format && (i.flags & TC_SB_FAILED)) {
+	if (res == TC_SB_OK && !t->args.format && (i->flags & TC_SB_FAILED)) {
 		*error = "The cache device failed earlier (its superblock is marked failed): its dirty blocks may be older than the origin; format it (tiercache writeback --force writes them back offline)";
 		DMERR("%s: the cache device's superblock is marked failed: load refused",
 		      c->name);
 		return -EINVAL;
 	}
 	if (res == TC_SB_OK && !t->args.format)
-		return tc_meta_load(c, t, &i, error);
+		return tc_meta_load(c, t, i, error);
 	if (t->args.format)
-		return tc_meta_format(c, res == TC_SB_OK ? &i : NULL, error);
+		return tc_meta_format(c, res == TC_SB_OK ? i : NULL, error);
 	if (res == TC_SB_BLANK)
 		*error = "No tiercache superblock on the cache device: add the 'format' feature argument to create a new cache";
 	else

@@ -64,8 +64,7 @@ static int tc_get_devices(struct dm_target *ti, struct tc_target *t)
  * Sizes: the origin must cover the target, the cache device hold the
  * metadata and enough slots.
  */
-static int tc_check_sizes(struct dm_target *ti, struct tc_target *t,
-			  u32 *nr_slots)
+static int tc_check_sizes(struct dm_target *ti, struct tc_target *t)
 {
 	sector_t origin_size = bdev_nr_sectors(t->origin->bdev);
 	sector_t cache_size = bdev_nr_sectors(t->cache_dev->bdev);
@@ -87,7 +86,9 @@ static int tc_check_sizes(struct dm_target *ti, struct tc_target *t,
 		      t->args.block_sectors);
 		return -EINVAL;
 	}
-	if (!tc_disk_layout(cache_size, t->args.block_sectors, &l))
+	/* the layout with the most slots (version 3): a cache may have it */
+	if (!tc_disk_layout_v(cache_size, t->args.block_sectors,
+			      TC_DISK_VERSION_V3, &l))
 		slots = l.nr_slots;
 	if (slots < TC_MIN_SLOTS) {
 		ti->error = "The cache device is too small";
@@ -96,7 +97,6 @@ static int tc_check_sizes(struct dm_target *ti, struct tc_target *t,
 		      t->args.block_sectors, TC_MIN_SLOTS);
 		return -EINVAL;
 	}
-	*nr_slots = slots;	/* at most TC_MAX_SLOTS = U32_MAX */
 	return 0;
 }
 
@@ -104,7 +104,6 @@ static int tc_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 {
 	struct tc_target *t;
 	struct tc_cache *c;
-	u32 nr_slots;
 	int r;
 
 	t = kzalloc(sizeof(*t), GFP_KERNEL);
@@ -122,14 +121,14 @@ static int tc_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	r = tc_get_devices(ti, t);
 	if (r)
 		goto bad;
-	r = tc_check_sizes(ti, t, &nr_slots);
+	r = tc_check_sizes(ti, t);
 	if (r)
 		goto bad;
 	t->origin_max_kb = queue_max_sectors(bdev_get_queue(t->origin->bdev)) / 2;
 	r = tc_args_finalise(&t->args, t->origin_max_kb, t->val, &ti->error);
 	if (r)
 		goto bad;
-	c = tc_cache_get(t, nr_slots, &ti->error);
+	c = tc_cache_get(t, &ti->error);
 	if (IS_ERR(c)) {
 		r = PTR_ERR(c);
 		goto bad;

@@ -218,6 +218,13 @@ struct tc_meta {
 	u64 origin_sectors;
 	char uuid[TC_UUID_BYTES + 1];
 	struct tc_disk_sb *sb;		/* one page */
+	enum tc_sb_result sb_res;	/* the superblock found at open */
+	struct tc_sb_info sb_info;	/* ... decoded */
+	unsigned long *sum;		/* v4: metadata blocks marked on disk */
+	unsigned long *sum_clear;	/* marked, last written with no dirty */
+	unsigned long *sum_nodirty;	/* the commit writes them with none */
+	unsigned long *sum_write;	/* summary blocks to write */
+	bool sum_pending;		/* bits in sum_clear */
 	struct bio_list waiting;	/* flushes and FUA writes */
 	struct work_struct commit_work;
 	struct delayed_work timer_work;
@@ -307,7 +314,7 @@ struct tc_target {
 
 /* ---- tc_cache.c: the state shared by the tables of one device ---- */
 
-struct tc_cache *tc_cache_get(struct tc_target *t, u32 nr_slots, char **error);
+struct tc_cache *tc_cache_get(struct tc_target *t, char **error);
 void tc_cache_put(struct tc_cache *c);
 void tc_cache_release_hold(struct tc_target *t);
 void tc_cache_fail(struct tc_cache *c, int err, const char *what);
@@ -395,7 +402,24 @@ static inline unsigned int tc_block_bytes(struct tc_cache *c)
 /* ---- tc_meta.c ---- */
 
 void tc_meta_init(struct tc_cache *c);
+int tc_meta_read_sb(struct tc_cache *c, struct tc_target *t, char **error);
 int tc_meta_open(struct tc_cache *c, struct tc_target *t, char **error);
+int tc_meta_rw(struct tc_cache *c, void *buf, sector_t sector,
+	       size_t bytes, blk_opf_t opf);
+
+/* tc_msum.c: the metadata summary (format version 4) */
+int tc_msum_alloc(struct tc_meta *m);
+void tc_msum_free(struct tc_meta *m);
+bool tc_msum_marked(struct tc_meta *m, u64 mb);
+int tc_msum_prepare(struct tc_cache *c);
+void tc_msum_note(struct tc_meta *m, u64 mb, bool dirty);
+void tc_msum_written(struct tc_meta *m, u64 mb);
+bool tc_msum_pending(struct tc_meta *m);
+int tc_msum_load(struct tc_cache *c, u32 gen);
+u64 tc_msum_next_run(struct tc_meta *m, u64 mb, u64 max, u64 *start);
+void tc_msum_loaded(struct tc_meta *m, u64 mb, bool may_dirty);
+void tc_msum_reset(struct tc_meta *m);
+int tc_msum_format(struct tc_cache *c);
 int tc_meta_close(struct tc_cache *c);
 void tc_meta_free(struct tc_cache *c);
 void tc_meta_set(struct tc_cache *c, u32 slot, bool dirty);

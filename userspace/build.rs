@@ -48,7 +48,7 @@ fn main() {
         .raw_line("#[allow(non_camel_case_types)] type __u8 = core::primitive::u8;")
         .raw_line("#[allow(non_camel_case_types)] type __le32 = core::primitive::u32;")
         .raw_line("#[allow(non_camel_case_types)] type __le64 = core::primitive::u64;")
-        .newtype_enum("tc_sb_result|tc_de_result")
+        .newtype_enum("tc_sb_result|tc_de_result|tc_sum_result")
         .derive_default(true)
         .layout_tests(true)
         .generate()

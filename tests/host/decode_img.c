@@ -6,13 +6,16 @@
  *
  *   sb STATE VERSION GEN COMMIT_SEQ NR_SLOTS NR_BLOCKS FLAGS EPOCH
  *   SLOT STATE BLOCK SEQ DIRTY EPOCH
+ *   sum K STATE MARKED...
  *
  * BLOCK SEQ DIRTY EPOCH are "-" where not decoded; EPOCH is the absolute
  * epoch of a dirty version (tc_disk_epoch of the superblock's epoch and
  * the entry's bits), "-" for a clean entry.
- * STATE is the tcdisk.py name of the tc_sb_result / tc_de_result.  The
- * entries follow only if the superblock decodes, for the slots the image
- * holds.
+ * STATE is the tcdisk.py name of the tc_sb_result / tc_de_result /
+ * tc_sum_result.  The entries follow only if the superblock decodes, for
+ * the slots the image holds; then, for a version 4 cache, each summary
+ * block the image holds whole, with the numbers of the metadata blocks
+ * (below the cache's count) a load reads by it.
  *
  *   decode_img FILE
  */
@@ -62,6 +65,45 @@ static const char *de_name(enum tc_de_result r)
 		return "bad_block";
 	}
 	return "?";
+}
+
+static const char *sum_name(enum tc_sum_result r)
+{
+	switch (r) {
+	case TC_SUM_OK:
+		return "valid";
+	case TC_SUM_BAD:
+		return "bad";
+	}
+	return "?";
+}
+
+/* The summary blocks of a version 4 image, as a load reads them. */
+static void print_summary(const unsigned char *img, size_t len,
+			  const struct tc_sb_info *i)
+{
+	const struct tc_layout *l = &i->layout;
+	struct tc_disk_sum sum;
+	u64 k, j, mb;
+
+	for (k = 0; k < l->sum_blocks; k++) {
+		size_t off = (l->sum_start + k * TC_MBLOCK_SECTORS) * 512;
+		enum tc_sum_result r;
+
+		if (off + sizeof(sum) > len)
+			break;
+		memcpy(&sum, img + off, sizeof(sum));
+		r = tc_sum_decode(&sum, k, i->gen);
+		printf("sum %llu %s", (unsigned long long)k, sum_name(r));
+		for (j = 0; j < TC_SUM_BITS; j++) {
+			mb = k * TC_SUM_BITS + j;
+			if (mb < l->meta_blocks &&
+			    (r == TC_SUM_BAD ||
+			     (r == TC_SUM_OK && tc_sum_test(&sum, j))))
+				printf(" %llu", (unsigned long long)mb);
+		}
+		printf("\n");
+	}
 }
 
 static unsigned char *read_file(const char *path, size_t *len)
@@ -148,6 +190,7 @@ int main(int argc, char **argv)
 			       de_name(r));
 		}
 	}
+	print_summary(img, len, &i);
 	free(img);
 	return 0;
 }

@@ -76,6 +76,8 @@ static u32 get_le32(const uint8_t *p)
 
 static void check_layout(const struct tc_layout *l)
 {
+	u64 end;
+
 	FUZZ_ASSERT(l->block_sectors >= 8 && l->block_sectors <= 2048);
 	FUZZ_ASSERT(!(l->block_sectors & (l->block_sectors - 1)));
 	FUZZ_ASSERT(l->nr_slots >= 1);
@@ -83,10 +85,16 @@ static void check_layout(const struct tc_layout *l)
 	FUZZ_ASSERT(l->meta_blocks == tc_disk_meta_blocks(l->nr_slots));
 	FUZZ_ASSERT(l->meta_blocks * TC_ENTRIES_PER_MBLOCK >= l->nr_slots);
 	FUZZ_ASSERT(l->data_start % l->block_sectors == 0);
-	FUZZ_ASSERT(l->data_start >= l->meta_start +
-		    l->meta_blocks * TC_MBLOCK_SECTORS);
-	FUZZ_ASSERT(l->data_start < l->meta_start +
-		    l->meta_blocks * TC_MBLOCK_SECTORS + l->block_sectors);
+	end = l->meta_start + l->meta_blocks * TC_MBLOCK_SECTORS;
+	if (l->sum_blocks) {
+		FUZZ_ASSERT(l->sum_start == end);
+		FUZZ_ASSERT(l->sum_blocks == tc_disk_sum_blocks(l->meta_blocks));
+		end += l->sum_blocks * TC_MBLOCK_SECTORS;
+	} else {
+		FUZZ_ASSERT(!l->sum_start);
+	}
+	FUZZ_ASSERT(l->data_start >= end);
+	FUZZ_ASSERT(l->data_start < end + l->block_sectors);
 }
 
 static void fuzz_sb(const struct tc_disk_sb *sb, struct tc_sb_info *out,
@@ -105,15 +113,18 @@ static void fuzz_sb(const struct tc_disk_sb *sb, struct tc_sb_info *out,
 	FUZZ_ASSERT(i.origin_sectors > 0);
 	FUZZ_ASSERT(memchr(i.uuid, 0, sizeof(i.uuid)) != NULL);
 	FUZZ_ASSERT(i.version == TC_DISK_VERSION ||
+		    i.version == TC_DISK_VERSION_V3 ||
 		    i.version == TC_DISK_VERSION_V2 ||
 		    i.version == TC_DISK_VERSION_V1);
 	FUZZ_ASSERT(i.version != TC_DISK_VERSION_V1 || i.gen == 0);
-	FUZZ_ASSERT(i.version == TC_DISK_VERSION || i.epoch == 0);
+	FUZZ_ASSERT(i.version >= TC_DISK_VERSION_V3 || i.epoch == 0);
+	FUZZ_ASSERT(!i.layout.sum_blocks == (i.version < TC_DISK_VERSION));
 	FUZZ_ASSERT(!(i.flags & ~TC_SB_KNOWN_FLAGS));
 
 	tc_sb_encode(&again, &i);
 	FUZZ_ASSERT(tc_sb_decode(&again, &j) == TC_SB_OK);
-	FUZZ_ASSERT(j.version == TC_DISK_VERSION && j.gen == i.gen);
+	FUZZ_ASSERT(j.version == tc_disk_layout_version(&i.layout));
+	FUZZ_ASSERT(j.version >= TC_DISK_VERSION_V3 && j.gen == i.gen);
 	FUZZ_ASSERT(j.epoch == i.epoch);
 	FUZZ_ASSERT(j.flags == i.flags);
 	FUZZ_ASSERT(j.commit_seq == i.commit_seq);
@@ -241,14 +252,25 @@ static void fuzz_entry(const struct tc_disk_entry *d, u64 slot,
 	fuzz_versions(d, slot, nr_blocks, commit_seq, gen);
 }
 
-static void fuzz_layout(u64 cache_sectors, u32 block_sectors)
+/* The 4 KiB blocks of metadata of @n slots in the layout of @version. */
+static u64 meta_area_blocks(u64 n, u32 version)
+{
+	u64 mb = tc_disk_meta_blocks(n);
+
+	return mb + (version >= TC_DISK_VERSION ? tc_disk_sum_blocks(mb) : 0);
+}
+
+static void fuzz_layout_v(u64 cache_sectors, u32 block_sectors, u32 version)
 {
 	struct tc_layout l;
 	unsigned __int128 next_end;
 
-	if (tc_disk_layout(cache_sectors, block_sectors, &l))
+	if (tc_disk_layout_v(cache_sectors, block_sectors, version, &l))
 		return;
 	FUZZ_ASSERT(l.block_sectors == block_sectors);
+	FUZZ_ASSERT(tc_disk_layout_version(&l) ==
+		    (version >= TC_DISK_VERSION ? TC_DISK_VERSION :
+						  TC_DISK_VERSION_V3));
 	check_layout(&l);
 	FUZZ_ASSERT((unsigned __int128)l.data_start +
 		    (unsigned __int128)l.nr_slots * block_sectors <=
@@ -266,12 +288,50 @@ static void fuzz_layout(u64 cache_sectors, u32 block_sectors)
 	if (l.nr_slots == TC_MAX_SLOTS)
 		return;
 	next_end = TC_META_START +
-		   (unsigned __int128)tc_disk_meta_blocks(l.nr_slots + 1) *
+		   (unsigned __int128)meta_area_blocks(l.nr_slots + 1, version) *
 		   TC_MBLOCK_SECTORS;
 	next_end = (next_end + block_sectors - 1) / block_sectors *
 		   block_sectors;
 	FUZZ_ASSERT(next_end + (unsigned __int128)(l.nr_slots + 1) *
 		    block_sectors > cache_sectors);
+}
+
+static void fuzz_layout(u64 cache_sectors, u32 block_sectors)
+{
+	struct tc_layout l3, l4;
+
+	fuzz_layout_v(cache_sectors, block_sectors, TC_DISK_VERSION);
+	fuzz_layout_v(cache_sectors, block_sectors, TC_DISK_VERSION_V3);
+	/* the summary never gives more slots */
+	if (!tc_disk_layout(cache_sectors, block_sectors, &l4) &&
+	    !tc_disk_layout_v(cache_sectors, block_sectors, TC_DISK_VERSION_V3,
+			      &l3))
+		FUZZ_ASSERT(l4.nr_slots <= l3.nr_slots);
+}
+
+/*
+ * A summary block: only one of this generation and index with a right
+ * checksum is valid, and then sealing it again changes nothing.
+ */
+static void fuzz_sum(const uint8_t *data, size_t size, u32 gen)
+{
+	struct tc_disk_sum s, again;
+	u32 index;
+
+	if (size < sizeof(s))
+		return;
+	memcpy(&s, data + size - sizeof(s), sizeof(s));
+	index = le32toh(s.index);
+	if (tc_sum_decode(&s, index, le32toh(s.gen)) == TC_SUM_OK) {
+		again = s;
+		tc_sum_seal(&again, index, le32toh(s.gen));
+		FUZZ_ASSERT(!memcmp(&again, &s, sizeof(s)));
+		FUZZ_ASSERT(tc_sum_decode(&s, index + 1, le32toh(s.gen)) ==
+			    TC_SUM_BAD);
+	}
+	if (le32toh(s.gen) != gen)
+		FUZZ_ASSERT(tc_sum_decode(&s, index, gen) == TC_SUM_BAD);
+	FUZZ_ASSERT(tc_sum_result_str(tc_sum_decode(&s, index, gen)) != NULL);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -324,6 +384,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		fuzz_entry(&d, slot, nr_blocks, commit_seq, le32toh(d.gen),
 			   version, epoch);
 	}
+
+	/* the input's last 4 KiB as a summary block */
+	fuzz_sum(data, size, gen);
 
 	/* the layout, on a device size and block size from the input */
 	if (size >= sizeof(sb)) {

@@ -45,6 +45,7 @@ enum spoil {
 	SPOIL_FAILED,		/* marked failed (valid: TC_SB_FAILED) */
 	SPOIL_SB_FLAG,		/* a flag bit not defined */
 	SPOIL_V2,		/* version 2: no epochs */
+	SPOIL_SUMMARY,		/* a dirty entry's block unmarked */
 	SPOIL_EPOCH_CLEAN,	/* epoch bits in the clean entries */
 };
 
@@ -69,6 +70,32 @@ static void fill_garbage(struct tc_disk_entry *de, u64 nr)
 	}
 }
 
+/*
+ * Version 4: the summary marks the metadata blocks of the dirty entries
+ * (SPOIL_SUMMARY: all but the first metadata block's left out).
+ */
+static void seal_summary(unsigned char *img, const struct tc_sb_info *i,
+			 const struct seed_entry *e, int n, enum spoil spoil)
+{
+	const struct tc_layout *l = &i->layout;
+	struct tc_disk_sum *sum;
+	int k;
+	u64 mb;
+
+	if (!l->sum_blocks)
+		return;
+	sum = (struct tc_disk_sum *)(img + l->sum_start * 512);
+	for (k = 0; k < n; k++) {
+		if (!e[k].dirty || (spoil == SPOIL_SUMMARY &&
+				    e[k].slot >= TC_ENTRIES_PER_MBLOCK))
+			continue;
+		mb = e[k].slot / TC_ENTRIES_PER_MBLOCK;
+		tc_sum_set(&sum[mb / TC_SUM_BITS], mb % TC_SUM_BITS);
+	}
+	for (mb = 0; mb < l->sum_blocks; mb++)
+		tc_sum_seal(&sum[mb], mb, i->gen);
+}
+
 static int write_seed(const char *dir, const char *name, u64 cache_sectors,
 		      u32 block_sectors, u64 origin_sectors, u64 commit_seq,
 		      u32 gen, u64 epoch, const char *uuid,
@@ -84,7 +111,10 @@ static int write_seed(const char *dir, const char *name, u64 cache_sectors,
 	int k;
 
 	memset(&i, 0, sizeof(i));
-	if (tc_disk_layout(cache_sectors, block_sectors, &i.layout)) {
+	/* versions 1 and 2 had version 3's layout (no summary) */
+	if (tc_disk_layout_v(cache_sectors, block_sectors,
+			     spoil == SPOIL_V1 || spoil == SPOIL_V2 ?
+			     TC_DISK_VERSION_V3 : TC_DISK_VERSION, &i.layout)) {
 		fprintf(stderr, "mkseeds: %s: no layout\n", name);
 		return -1;
 	}
@@ -94,8 +124,8 @@ static int write_seed(const char *dir, const char *name, u64 cache_sectors,
 	i.epoch = spoil == SPOIL_V1 || spoil == SPOIL_V2 ? 0 : epoch;
 	i.flags = spoil == SPOIL_FAILED ? TC_SB_FAILED : 0;
 	snprintf(i.uuid, sizeof(i.uuid), "%s", uuid);
-	len = (i.layout.meta_start + i.layout.meta_blocks * TC_MBLOCK_SECTORS) *
-	      512;
+	len = (i.layout.meta_start + i.layout.meta_blocks * TC_MBLOCK_SECTORS +
+	       i.layout.sum_blocks * TC_MBLOCK_SECTORS) * 512;
 	img = calloc(1, len);
 	if (!img)
 		return -1;
@@ -106,6 +136,7 @@ static int write_seed(const char *dir, const char *name, u64 cache_sectors,
 		tc_de_encode(&de[e[k].slot], e[k].slot, e[k].block, e[k].dirty,
 			     e[k].seq, spoil == SPOIL_OLD_GEN && k % 2 ?
 			     i.gen - 1 : i.gen, (u16)e[k].epoch);
+	seal_summary(img, &i, e, n, spoil);
 	switch (spoil) {
 	case SPOIL_NONE:
 		break;
@@ -159,6 +190,8 @@ static int write_seed(const char *dir, const char *name, u64 cache_sectors,
 	case SPOIL_V2:
 		sb->version = cpu_to_le32(TC_DISK_VERSION_V2);
 		sb_resum(sb);
+		break;
+	case SPOIL_SUMMARY:
 		break;
 	case SPOIL_EPOCH_CLEAN:
 		for (k = 0; k < n; k++) {
@@ -249,6 +282,9 @@ int main(int argc, char **argv)
 			0x1fffe, "TIERCACHE-e", epochs, N(epochs), SPOIL_NONE);
 	r |= write_seed(dir, "epochs-v2", 2200, 8, 16384, 7, 0xe90c0001,
 			0x1fffe, "TIERCACHE-e", epochs, N(epochs), SPOIL_V2);
+	r |= write_seed(dir, "summary-spoilt", 2200, 8, 16384, 7, 0xe90c0001,
+			0x1fffe, "TIERCACHE-e", epochs, N(epochs),
+			SPOIL_SUMMARY);
 	r |= write_seed(dir, "epoch-clean", 2200, 8, 16384, 7, 0xe90c0001,
 			0x1fffe, "TIERCACHE-e", epochs, N(epochs),
 			SPOIL_EPOCH_CLEAN);

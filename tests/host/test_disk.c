@@ -10,7 +10,8 @@
 
 static int failures;
 
-#define V3	TC_DISK_VERSION		/* the version written */
+#define V4	TC_DISK_VERSION		/* written by a format */
+#define V3	TC_DISK_VERSION_V3
 #define V2	TC_DISK_VERSION_V2
 #define V1	TC_DISK_VERSION_V1
 
@@ -36,7 +37,10 @@ static void test_sizes(void)
 	CHECK(offsetof(struct tc_disk_entry, flags) == 20);
 	CHECK(offsetof(struct tc_disk_entry, csum) == 24);
 	CHECK(offsetof(struct tc_disk_entry, gen) == 28);
-	CHECK(TC_DISK_VERSION == 3 && V2 == 2 && V1 == 1);
+	CHECK(V4 == 4 && V3 == 3 && V2 == 2 && V1 == 1);
+	CHECK(sizeof(struct tc_disk_sum) == 4096);
+	CHECK(offsetof(struct tc_disk_sum, bits) == TC_SUM_HDR_BYTES);
+	CHECK(TC_SUM_BITS == 32640);
 	CHECK(TC_DE_EPOCH_MASK == 0xffffu << TC_DE_EPOCH_SHIFT);
 	CHECK(!(TC_DE_EPOCH_MASK & (TC_DE_VALID | TC_DE_DIRTY)));
 }
@@ -54,8 +58,8 @@ static void test_layout(void)
 	u64 dev;
 
 	/* 512 MiB, 4 KiB blocks: 131072 slots would need 4 MiB of entries */
-	CHECK(tc_disk_layout(1048576, 8, &l) == 0);
-	CHECK(l.meta_start == 8);
+	CHECK(tc_disk_layout_v(1048576, 8, V3, &l) == 0);
+	CHECK(l.meta_start == 8 && !l.sum_blocks && !l.sum_start);
 	CHECK(l.data_start == 8 + l.meta_blocks * 8);
 	CHECK(l.meta_blocks == (l.nr_slots + 127) / 128);
 	CHECK(l.data_start + l.nr_slots * 8 <= 1048576);
@@ -63,11 +67,11 @@ static void test_layout(void)
 	      ((l.nr_slots % 128) ? 0 : 8) > 1048576);
 	CHECK(l.nr_slots > 130000 && l.nr_slots < 131072);
 	/* data_start is block aligned for big blocks */
-	CHECK(tc_disk_layout(1048576, 1024, &l) == 0);
+	CHECK(tc_disk_layout_v(1048576, 1024, V3, &l) == 0);
 	CHECK(l.data_start == 1024 && l.nr_slots == 1023);
 	/* every size: the layout fits and one more slot does not */
 	for (dev = 17; dev < 5000; dev += 7) {
-		if (tc_disk_layout(dev, 8, &l)) {
+		if (tc_disk_layout_v(dev, 8, V3, &l)) {
 			CHECK(dev < 8 + 8 + 8 + 1);
 			continue;
 		}
@@ -79,15 +83,60 @@ static void test_layout(void)
 	CHECK(tc_disk_layout(1 << 20, 4096, &l) == -1);	/* too big */
 }
 
-static void sample_sb(struct tc_sb_info *i)
+/*
+ * Version 4: the summary right after the entries, one bit per metadata
+ * block, data after it; never more slots than version 3 on one device.
+ */
+static void test_layout_v4(void)
+{
+	struct tc_layout l, l3;
+	u64 dev;
+
+	CHECK(tc_disk_layout(1048576, 8, &l) == 0);
+	CHECK(tc_disk_layout_version(&l) == V4);
+	CHECK(l.sum_start == 8 + l.meta_blocks * 8 && l.sum_blocks == 1);
+	CHECK(l.data_start == l.sum_start + 8);
+	CHECK(l.data_start + l.nr_slots * 8 <= 1048576);
+	CHECK(tc_disk_layout_v(1048576, 8, V3, &l3) == 0);
+	CHECK(tc_disk_layout_version(&l3) == V3);
+	CHECK(l.nr_slots <= l3.nr_slots && l.nr_slots + 1 >= l3.nr_slots);
+	/* big blocks: the summary fits in the block-size slack */
+	CHECK(tc_disk_layout(1048576, 1024, &l) == 0);
+	CHECK(l.data_start == 1024 && l.nr_slots == 1023);
+	CHECK(l.sum_start == 8 + l.meta_blocks * 8 && l.sum_blocks == 1);
+	for (dev = 17; dev < 5000; dev += 7) {
+		if (tc_disk_layout(dev, 8, &l))
+			continue;
+		CHECK(l.sum_blocks == tc_disk_sum_blocks(l.meta_blocks));
+		CHECK(l.sum_start + l.sum_blocks * 8 <= l.data_start);
+		CHECK(l.data_start + l.nr_slots * 8 <= dev);
+		CHECK(tc_disk_layout_v(dev, 8, V3, &l3) == 0);
+		CHECK(l.nr_slots <= l3.nr_slots);
+	}
+	/* 2^32 slots of 4 KiB: 2^25 metadata blocks, 1029 summary blocks */
+	CHECK(tc_disk_layout(1ull << 36, 8, &l) == 0);
+	CHECK(l.nr_slots == TC_MAX_SLOTS && l.meta_blocks == 1ull << 25);
+	CHECK(l.sum_blocks == 1029 && tc_disk_sum_blocks(32640) == 1 &&
+	      tc_disk_sum_blocks(32641) == 2);
+	/* versions 1 and 2 have version 3's layout */
+	CHECK(tc_disk_layout_v(1048576, 8, V1, &l) == 0 && !l.sum_blocks);
+	CHECK(tc_disk_layout_v(1048576, 8, V2, &l) == 0 && !l.sum_blocks);
+}
+
+static void sample_sb_v(struct tc_sb_info *i, u32 version)
 {
 	memset(i, 0, sizeof(*i));
-	tc_disk_layout(1 << 20, 8, &i->layout);
+	tc_disk_layout_v(1 << 20, 8, version, &i->layout);
 	i->commit_seq = 42;
 	i->origin_sectors = 1 << 21;
 	i->gen = 0xc0ffee01;
 	i->epoch = 0x123456789ull;
 	strcpy(i->uuid, "TIERCACHE-test");
+}
+
+static void sample_sb(struct tc_sb_info *i)
+{
+	sample_sb_v(i, V4);
 }
 
 /* A small deterministic generator (xorshift64) for garbage bytes. */
@@ -111,8 +160,11 @@ static void test_sb(void)
 	sample_sb(&in);
 	tc_sb_encode(&sb, &in);
 	CHECK(tc_sb_decode(&sb, &out) == TC_SB_OK);
-	CHECK(le32_to_cpu(sb.version) == TC_DISK_VERSION && TC_DISK_VERSION == 3);
-	CHECK(out.version == TC_DISK_VERSION && out.gen == 0xc0ffee01);
+	CHECK(le32_to_cpu(sb.version) == V4);
+	CHECK(out.version == V4 && out.gen == 0xc0ffee01);
+	CHECK(out.layout.sum_start == in.layout.sum_start);
+	CHECK(out.layout.sum_blocks == in.layout.sum_blocks &&
+	      out.layout.sum_blocks == 1);
 	CHECK(out.epoch == 0x123456789ull);
 	CHECK(le64_to_cpu(sb.epoch) == 0x123456789ull && !sb.pad);
 	CHECK(out.commit_seq == 42 && out.origin_sectors == 1 << 21);
@@ -206,7 +258,7 @@ static void test_sb_v1(void)
 	struct tc_sb_info in, out;
 	struct tc_disk_sb sb;
 
-	sample_sb(&in);
+	sample_sb_v(&in, V3);
 	in.gen = 0;
 	in.epoch = 0;
 	tc_sb_encode(&sb, &in);
@@ -250,7 +302,7 @@ static void test_sb_v2(void)
 	struct tc_disk_sb sb;
 	int k;
 
-	sample_sb(&in);
+	sample_sb_v(&in, V3);
 	in.epoch = 0;
 	tc_sb_encode(&sb, &in);
 	sb.version = cpu_to_le32(V2);
@@ -664,14 +716,100 @@ static void test_garbage(void)
 	CHECK(nr[TC_DE_BAD_CSUM] == 1000);
 }
 
+/* A version 3 superblock (no summary) stays version 3, and reads as one. */
+static void test_sb_v3(void)
+{
+	struct tc_sb_info in, out;
+	struct tc_disk_sb sb;
+
+	sample_sb_v(&in, V3);
+	tc_sb_encode(&sb, &in);
+	CHECK(le32_to_cpu(sb.version) == V3);
+	CHECK(tc_sb_decode(&sb, &out) == TC_SB_OK && out.version == V3);
+	CHECK(!out.layout.sum_blocks && !out.layout.sum_start);
+	CHECK(out.layout.data_start == in.layout.data_start);
+	/* a version 3 layout under a version 4 superblock: data_start wrong */
+	sb.version = cpu_to_le32(V4);
+	sb_resum(&sb);
+	CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_FIELDS);
+	/* and the other way round */
+	sample_sb(&in);
+	tc_sb_encode(&sb, &in);
+	sb.version = cpu_to_le32(V3);
+	sb_resum(&sb);
+	CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_FIELDS);
+}
+
+static void sum_sample(struct tc_disk_sum *s, u32 index, u32 gen)
+{
+	memset(s, 0, sizeof(*s));
+	tc_sum_set(s, 0);
+	tc_sum_set(s, 9);
+	tc_sum_set(s, TC_SUM_BITS - 1);
+	tc_sum_seal(s, index, gen);
+}
+
+/*
+ * Summary blocks: ours read as their bits; anything else (torn, damaged,
+ * zeroed, misplaced, another generation's, leftovers) as bad: all set.
+ */
+static void test_summary(void)
+{
+	const u32 g = 0x5eed0001;
+	struct tc_disk_sum s;
+	unsigned char *raw = (unsigned char *)&s;
+	u32 j, n;
+	size_t k;
+
+	sum_sample(&s, 3, g);
+	CHECK(tc_sum_decode(&s, 3, g) == TC_SUM_OK);
+	for (j = 0, n = 0; j < TC_SUM_BITS; j++)
+		n += tc_sum_test(&s, j);
+	CHECK(n == 3 && tc_sum_test(&s, 9) && !tc_sum_test(&s, 8));
+	CHECK(s.bits[1] == 2 && s.bits[TC_SUM_BYTES - 1] == 0x80);
+	CHECK(le32_to_cpu(s.gen) == g && le32_to_cpu(s.index) == 3);
+	/* misplaced (another index), another generation's: bad */
+	CHECK(tc_sum_decode(&s, 4, g) == TC_SUM_BAD);
+	CHECK(tc_sum_decode(&s, 3, g + 1) == TC_SUM_BAD);
+	/* zeroed (a lost write): bad */
+	memset(&s, 0, sizeof(s));
+	CHECK(tc_sum_decode(&s, 0, g) == TC_SUM_BAD);
+	CHECK(tc_sum_decode(&s, 7, g) == TC_SUM_BAD);
+	/* all clear, sealed (what a format writes): valid */
+	tc_sum_seal(&s, 7, g);
+	CHECK(tc_sum_decode(&s, 7, g) == TC_SUM_OK);
+	/* any flipped byte: bad */
+	for (k = 0; k < sizeof(s); k += (k < 64 ? 1 : 61)) {
+		sum_sample(&s, 3, g);
+		raw[k] ^= 0x21;
+		CHECK(tc_sum_decode(&s, 3, g) == TC_SUM_BAD);
+	}
+	/* the reserved word must be zero */
+	sum_sample(&s, 3, g);
+	s.reserved = cpu_to_le32(1);
+	s.csum = 0;
+	s.csum = cpu_to_le32(tc_disk_crc(&s, sizeof(s)));
+	CHECK(tc_sum_decode(&s, 3, g) == TC_SUM_BAD);
+	/* leftover bytes: bad */
+	for (k = 0; k < sizeof(s); k += 8) {
+		u64 v = rnd64();
+
+		memcpy(raw + k, &v, 8);
+	}
+	CHECK(tc_sum_decode(&s, 3, g) == TC_SUM_BAD);
+	CHECK(tc_sum_result_str(TC_SUM_BAD) != NULL);
+}
+
 int main(void)
 {
 	test_sizes();
 	test_crc();
 	test_layout();
+	test_layout_v4();
 	test_sb();
 	test_sb_v1();
 	test_sb_v2();
+	test_sb_v3();
 	test_entries();
 	test_epochs();
 	test_epochs_refused();
@@ -681,6 +819,7 @@ int main(void)
 	test_damaged_ids();
 	test_misdirected();
 	test_garbage();
+	test_summary();
 	if (failures) {
 		fprintf(stderr, "test_disk: %d failure(s)\n", failures);
 		return 1;

@@ -64,6 +64,15 @@ def py_lines(img):
         else:
             epoch = "-" if e.epoch is None else e.epoch
             out.append(f"{s} {e.state} {e.block} {e.seq} {int(e.dirty)} {epoch}")
+    nmb = tcdisk.meta_blocks(sb.nr_slots)
+    for k in range(sb.sum_blocks):
+        off = sb.sum_start * 512 + k * tcdisk.MBLOCK
+        if off + tcdisk.MBLOCK > len(img):
+            break
+        state, bits = tcdisk.decode_sum(img[off:off + tcdisk.MBLOCK], k, sb.gen)
+        marked = sorted(k * tcdisk.SUM_BITS + j for j in bits
+                        if k * tcdisk.SUM_BITS + j < nmb)
+        out.append(" ".join([f"sum {k} {state}"] + [str(mb) for mb in marked]))
     return out
 
 
@@ -127,18 +136,31 @@ def test_against_c(build):
                "misdirected", "failed", "unknown-flag", "v2", "epochs", "epochs-v2",
                "epoch-clean"} <= set(names), names)
         rng = random.Random(20240611)
-        states = set()
+        states, sums = set(), set()
         for name in names:
             img = (seeds / name).read_bytes()
             lines = compare(build, tmp, name, img)
             states.update(ln.split()[1] for ln in lines)
+            sums.update(ln.split()[2] for ln in lines if ln.startswith("sum "))
             for what, m in mutations(img, rng, 40):
                 lines = compare(build, tmp, f"{name} {what}", m)
                 states.update(ln.split()[1] for ln in lines)
+                sums.update(ln.split()[2] for ln in lines if ln.startswith("sum "))
         # every result of both decoders was compared at least once
         want = {"valid", "bad_csum", "bad_version", "bad_fields", "empty", "foreign",
                 "clean", "dirty", "uncommitted", "bad_slot", "bad_flags", "bad_block"}
+
         check(want <= states, f"results never compared: {sorted(want - states)}")
+        check({"valid", "bad"} <= sums, f"summary results compared: {sorted(sums)}")
+
+        # the summary (version 4): the dirty entries' blocks marked, in the
+        # seeds; one left out in summary-spoilt; no summary in version 2
+        c = compare(build, tmp, "epochs", (seeds / "epochs").read_bytes())
+        check(c[-1] == "sum 0 valid 0 1", f"epochs seed summary: {c[-1]}")
+        c = compare(build, tmp, "summary-spoilt", (seeds / "summary-spoilt").read_bytes())
+        check(c[-1] == "sum 0 valid 0", f"summary-spoilt seed summary: {c[-1]}")
+        c = compare(build, tmp, "v2", (seeds / "v2").read_bytes())
+        check(not any(ln.startswith("sum ") for ln in c), "a version 2 image has a summary")
 
         # tcdisk's encoder writes what the C encoder wrote
         img = (seeds / "mixed").read_bytes()
@@ -169,14 +191,18 @@ def test_against_c(build):
         check(tcdisk.encode_sb(sb1.nr_slots, 8, 7, 16384, 0, b"TIERCACHE-t",
                                version=1) == v1[:512], "a version 1 superblock differs")
         v2 = (seeds / "v2").read_bytes()
-        check(tcdisk.encode_sb(sb.nr_slots, 8, 7, 16384, sb.gen, b"TIERCACHE-t",
+        sb2 = tcdisk.decode_sb(v2)
+        check(tcdisk.encode_sb(sb2.nr_slots, 8, 7, 16384, sb.gen, b"TIERCACHE-t",
                                version=2) == v2[:512], "a version 2 superblock differs")
+        check(sb2.ok and sb2.sum_blocks == 0 and sb.sum_blocks == 1
+              and sb2.data_start == tcdisk.data_start(sb2.nr_slots, 8, 3),
+              f"a version 2 cache has no summary: {sb2}")
 
         # epochs: the superblock's epoch, the entries' epoch bits, in both
         # encoders; the absolute epochs in both decoders (compared above)
         ep = (seeds / "epochs").read_bytes()
         esb = tcdisk.decode_sb(ep)
-        check(esb.ok and esb.version == 3 and esb.epoch == 0x1FFFE, f"epochs seed: {esb}")
+        check(esb.ok and esb.version == 4 and esb.epoch == 0x1FFFE, f"epochs seed: {esb}")
         check(tcdisk.encode_sb(esb.nr_slots, 8, 7, 16384, esb.gen, b"TIERCACHE-e",
                                epoch=0x1FFFE) == ep[:512],
               "encode_sb with an epoch differs from tc_sb_encode")
@@ -190,7 +216,8 @@ def test_against_c(build):
         c = compare(build, tmp, "epochs", ep)
         want = {"0": "131070", "1": "131071", "2": "131072", "3": "131073",
                 "4": "131071", "5": "196605", "130": "131073", "6": "-", "131": "-"}
-        got = {ln.split()[0]: ln.split()[-1] for ln in c[1:] if "empty" not in ln}
+        got = {ln.split()[0]: ln.split()[-1] for ln in c[1:]
+               if "empty" not in ln and not ln.startswith("sum ")}
         check(got == want, f"absolute epochs from C: {got}")
         c = compare(build, tmp, "epochs-v2", (seeds / "epochs-v2").read_bytes())
         check([ln.split()[1] for ln in c[1:] if "empty" not in ln] ==
@@ -234,7 +261,7 @@ def test_synthetic():
     # version 1 with a generation word: a bad field; unknown versions
     check(tcdisk.decode_sb(tcdisk.encode_sb(300, 8, 9, 1 << 20, 5, version=1)).state
           == tcdisk.SB_BAD_FIELDS, "v1 with a generation")
-    for v in (0, 4):
+    for v in (0, 5):
         check(tcdisk.decode_sb(tcdisk.encode_sb(300, 8, 9, 1 << 20, g, version=v)).state
               == tcdisk.SB_BAD_VERSION, f"version {v}")
     check(tcdisk.decode_sb(bytes(512)).state == tcdisk.SB_BLANK, "blank")
@@ -325,7 +352,7 @@ def test_synthetic_epochs():
     base = 0xFFFF0
     sbraw = tcdisk.encode_sb(300, 8, 9, 1 << 20, g, epoch=base)
     sb = tcdisk.decode_sb(sbraw)
-    check(sb.ok and sb.version == 3 and sb.epoch == base, f"v3 superblock: {sb}")
+    check(sb.ok and sb.version == 4 and sb.epoch == base, f"v4 superblock: {sb}")
     area = bytearray(tcdisk.meta_blocks(300) * 4096)
     vers = [(1, 50, base), (2, 50, base + 0x10), (3, 50, base + 0x12), (4, 51, base + 0x10),
             (5, 52, base + 0xFFFF), (6, 52, base + 0x12), (7, 50, base + 0x12)]

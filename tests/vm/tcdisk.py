@@ -37,7 +37,8 @@ import struct
 from collections import namedtuple
 
 MAGIC = b"TIERCACH"
-VERSION = 3                 # what the module writes
+VERSION = 4                 # what a format writes: version 3 + a summary
+VERSION_V3 = 3              # still read and written: no summary
 VERSION_V2 = 2              # still read: no epochs (epoch 0)
 VERSION_V1 = 1              # still read, as generation 0 (and epoch 0)
 SB_BYTES = 512
@@ -103,9 +104,40 @@ def meta_blocks(nr_slots):
     return (nr_slots + ENTRIES_PER_MBLOCK - 1) // ENTRIES_PER_MBLOCK
 
 
-def data_start(nr_slots, block_sectors):
-    end = META_START + meta_blocks(nr_slots) * (MBLOCK // 512)
+SUM_BITS = (MBLOCK - 16) * 8    # metadata blocks per summary block (TC_SUM_BITS)
+
+
+def sum_blocks(nr_slots, version=VERSION):
+    """4 KiB summary blocks of the layout (version 4; else none)."""
+    if version < VERSION:
+        return 0
+    return (meta_blocks(nr_slots) + SUM_BITS - 1) // SUM_BITS
+
+
+def sum_start(nr_slots, version=VERSION):
+    """Sector of the summary (version 4), right after the entries; 0: none."""
+    if version < VERSION:
+        return 0
+    return META_START + meta_blocks(nr_slots) * (MBLOCK // 512)
+
+
+def data_start(nr_slots, block_sectors, version=VERSION):
+    end = META_START + (meta_blocks(nr_slots) + sum_blocks(nr_slots, version)) * (MBLOCK // 512)
     return (end + block_sectors - 1) // block_sectors * block_sectors
+
+
+def layout(cache_sectors, block_sectors=8, version=VERSION):
+    """(nr_slots, data_start) of a device of @cache_sectors in the layout of
+    format @version (tc_disk_layout_v): the most slots that fit beside the
+    metadata; (0, None) if none does."""
+    n = min((cache_sectors - META_START) * 512 // (block_sectors * 512 + ENTRY_BYTES),
+            MAX_SLOTS)
+    while n > 0:
+        ds = data_start(n, block_sectors, version)
+        if ds + n * block_sectors <= cache_sectors:
+            return n, ds
+        n -= 1
+    return 0, None
 
 
 def entry_offset(slot):
@@ -134,6 +166,15 @@ class Superblock(namedtuple("Superblock", "state version commit_seq block_sector
         return self.origin_sectors // self.block_sectors if self.block_sectors else 0
 
     @property
+    def sum_blocks(self):
+        """4 KiB summary blocks (version 4), at sector sum_start."""
+        return sum_blocks(self.nr_slots, self.version)
+
+    @property
+    def sum_start(self):
+        return sum_start(self.nr_slots, self.version)
+
+    @property
     def entries_bytes(self):
         """Bytes of the entry area (whole metadata blocks)."""
         return meta_blocks(self.nr_slots) * MBLOCK
@@ -143,7 +184,8 @@ def _sb_fields_ok(sb, pad, reserved):
     bs = sb.block_sectors
     return (not sb.flags & ~SB_KNOWN_FLAGS and 8 <= bs <= 2048 and not bs & (bs - 1)
             and 1 <= sb.nr_slots <= MAX_SLOTS and sb.meta_start == META_START
-            and sb.origin_sectors and sb.data_start == data_start(sb.nr_slots, bs)
+            and sb.origin_sectors
+            and sb.data_start == data_start(sb.nr_slots, bs, sb.version)
             and not any(reserved) and not pad
             and (sb.version > VERSION_V2 or not sb.epoch)
             and (sb.version != VERSION_V1 or not sb.gen))
@@ -161,7 +203,7 @@ def decode_sb(raw):
         state = SB_BLANK
     elif _csum(raw, SB_CSUM_OFF) != csum:
         state = SB_BAD_CSUM
-    elif version not in (VERSION, VERSION_V2, VERSION_V1):
+    elif version not in (VERSION, VERSION_V3, VERSION_V2, VERSION_V1):
         state = SB_BAD_VERSION
     elif not _sb_fields_ok(sb, pad, reserved):
         state = SB_BAD_FIELDS
@@ -238,6 +280,69 @@ def entries(area, sb, nr_blocks=None):
         yield s, decode_entry(raw, s, sb.gen, nr_blocks, sb.commit_seq, sb.version, sb.epoch)
 
 
+# ---------------------------------------------------------------- summary (v4)
+
+SUM = struct.Struct("<IIII")            # gen, index, csum, reserved
+SUM_CSUM_OFF = 8
+# tc_sum_result
+SUM_OK, SUM_BAD = "valid", "bad"
+
+
+def decode_sum(raw, index, gen):
+    """What summary block number @index says under generation @gen
+    (tc_sum_decode): (state, set of the bit numbers set; all of them if
+    bad: anything not of this generation and index with a right
+    checksum)."""
+    raw = bytes(raw[:MBLOCK]).ljust(MBLOCK, b"\0")
+    egen, eindex, csum, reserved = SUM.unpack(raw[:16])
+    if egen != gen or eindex != index or reserved or _csum(raw, SUM_CSUM_OFF) != csum:
+        return SUM_BAD, set(range(SUM_BITS))
+    bits = raw[16:]
+    return SUM_OK, {j for j in range(SUM_BITS) if bits[j // 8] >> (j % 8) & 1}
+
+
+def marked_blocks(img, sb):
+    """The metadata blocks a load of the image @img (bytes from sector 0)
+    reads: those its summary marks (version 4), else all of them."""
+    nmb = meta_blocks(sb.nr_slots)
+    if not sb.sum_blocks:
+        return set(range(nmb))
+    marked = set()
+    for k in range(sb.sum_blocks):
+        off = (sb.sum_start * 512) + k * MBLOCK
+        _, bits = decode_sum(img[off:off + MBLOCK], k, sb.gen)
+        marked |= {k * SUM_BITS + j for j in bits if k * SUM_BITS + j < nmb}
+    return marked
+
+
+def dirty_flagged(raw, slot, gen):
+    """Is the entry @raw of @slot one of ours (generation @gen, its own slot,
+    checksum right) with the DIRTY flag, committed or not?  The summary must
+    mark its block."""
+    raw = bytes(raw)
+    _, _, eslot, flags, csum, egen = ENTRY.unpack(raw)
+    return (bool(flags & DE_DIRTY) and egen == gen and eslot == slot & 0xFFFFFFFF
+            and _csum(raw, ENTRY_CSUM_OFF) == csum)
+
+
+def unmarked_dirty(img, sb):
+    """[(slot, metadata block)] of the entries of ours with the DIRTY flag
+    (committed or not) in metadata blocks that a load of the image @img
+    does not read: the summary rule broken (empty without a summary)."""
+    marked = marked_blocks(img, sb)
+    base = META_START * 512
+    bad = []
+    for mb in range(meta_blocks(sb.nr_slots)):
+        if mb in marked:
+            continue
+        for s in range(mb * ENTRIES_PER_MBLOCK,
+                       min((mb + 1) * ENTRIES_PER_MBLOCK, sb.nr_slots)):
+            off = base + s * ENTRY_BYTES
+            if dirty_flagged(img[off:off + ENTRY_BYTES], s, sb.gen):
+                bad.append((s, mb))
+    return bad
+
+
 def dirty_versions(slot_entries):
     """The committed dirty versions of each origin block, from (slot,
     Entry) pairs (entries()): ({block: [(epoch, slot), ...] oldest first,
@@ -269,12 +374,36 @@ def encode_entry(slot, block, dirty, seq, gen, epoch=0):
     return raw[:ENTRY_CSUM_OFF] + struct.pack("<I", crc32c(raw)) + raw[ENTRY_CSUM_OFF + 4:]
 
 
+def downgrade(img, version):
+    """The image @img (bytes from sector 0 to the device's end) of a version
+    4 cache, rewritten as a cache of @version (2 or 3) with the same
+    entries, data and generation: the layout without a summary (the data
+    moved down, the slots version 4 did not have left empty) and a
+    superblock of that version (epoch 0 in version 2, which must then hold
+    no dirty version above epoch 0).  What the modules of those versions
+    made, for tests of their upgrade."""
+    sb = decode_sb(img[:512])
+    assert sb.ok and sb.version == VERSION and version in (VERSION_V2, VERSION_V3), sb
+    assert version > VERSION_V2 or sb.epoch == 0, sb
+    n, ds = layout(len(img) // 512, sb.block_sectors, version)
+    assert n >= sb.nr_slots, (n, sb)
+    size = sb.nr_slots * sb.block_sectors * 512
+    out = bytearray(img)
+    out[ds * 512:ds * 512 + size] = img[sb.data_start * 512:sb.data_start * 512 + size]
+    for slot in range(sb.nr_slots, n):
+        out[entry_offset(slot):entry_offset(slot) + ENTRY_BYTES] = ZERO_ENTRY
+    out[:SB_BYTES] = encode_sb(n, sb.block_sectors, sb.commit_seq, sb.origin_sectors, sb.gen,
+                               sb.uuid.encode(), version=version, flags=sb.flags,
+                               epoch=sb.epoch if version > VERSION_V2 else 0)
+    return bytes(out)
+
+
 def encode_sb(nr_slots, block_sectors, commit_seq, origin_sectors, gen, uuid=b"",
               version=VERSION, flags=0, epoch=0):
-    """A superblock as tc_sb_encode writes it (@version 1 or 2: as the code
-    of that version wrote it; @epoch must then be 0, and @gen 0 in version
-    1)."""
+    """A superblock as tc_sb_encode writes it (@version 3: a cache without a
+    summary; 1 or 2: as the code of that version wrote it; @epoch must then
+    be 0, and @gen 0 in version 1)."""
     raw = SB.pack(MAGIC, version, 0, commit_seq, block_sectors, flags, nr_slots, META_START,
-                  data_start(nr_slots, block_sectors), origin_sectors,
+                  data_start(nr_slots, block_sectors, version), origin_sectors,
                   uuid.ljust(128, b"\0"), gen, 0, epoch, bytes(304))
     return raw[:SB_CSUM_OFF] + struct.pack("<I", crc32c(raw)) + raw[SB_CSUM_OFF + 4:]

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+import tcdisk
+
 REPO = Path(__file__).resolve().parents[2]
 KO = Path(os.environ.get("TIERCACHE_KO", REPO / "dm-tiercache" / "dm-tiercache.ko"))
 MODNAME = "dm_tiercache"
@@ -623,17 +625,13 @@ def parse_status(line):
 
 
 def tc_slots(cache_sectors, block=8):
-    """Slots of a cache device: what fits next to the metadata (a 4 KiB
-    superblock, 32-byte entries in 4 KiB blocks from sector 8, data from
-    the next block boundary), as tc_disk_layout() computes it."""
-    n = (cache_sectors - 8) * 512 // (block * 512 + 32)
-    while n > 0:
-        meta_end = 8 + (n + 127) // 128 * 8
-        data_start = (meta_end + block - 1) // block * block
-        if data_start + n * block <= cache_sectors:
-            return n
-        n -= 1
-    return 0
+    """Slots of a cache device a format makes (tc_disk_layout())."""
+    return tcdisk.layout(cache_sectors, block)[0]
+
+
+def tc_data_start(cache_sectors, block=8):
+    """First sector of the data area of a cache device a format makes."""
+    return tcdisk.layout(cache_sectors, block)[1]
 
 
 class TierCache(DmDevice):

@@ -37,6 +37,7 @@ BAD = [
     ("bs-4096",            "{O} {C} 4096 0",                     r"block size", None),
     ("bs-neg",             "{O} {C} -8 0",                       r"block size", None),
     ("cache-15-blocks",    "{O} {S} 8 0",                        r"cache", None),
+    ("cache-15-blocks-v4", "{O} {S15} 8 0",                      r"cache", None),
     ("cache-4-blocks-1M",  "{O} {C8} 2048 0",                    r"cache", None),
     ("origin-is-cache",    "{O} {O} 8 0",                        r"origin|cache", None),
     ("origin-missing",     "/dev/tc-nonexistent {C} 8 0",        r"origin", None),
@@ -106,9 +107,12 @@ def with_format(args):
 def devs(module_stack):
     st = module_stack
     # sizes count the metadata: a 4 KiB superblock, then 4 KiB of entries
-    # per 128 slots, rounded up to the block size
+    # per 128 slots, a 4 KiB summary (format version 4), rounded up to the
+    # block size; S15 holds 16 slots without the summary (version 3), 15
+    # with it
     d = {"O": st.ram(64 * MiB), "C": st.ram(17 * MiB),
-         "S": st.ram(17 * 4096), "S16": st.ram(18 * 4096), "C8": st.ram(8 * MiB)}
+         "S": st.ram(17 * 4096), "S15": st.ram(18 * 4096), "S16": st.ram(19 * 4096),
+         "C8": st.ram(8 * MiB)}
     d["L"] = tclib.size_sectors(d["O"])
     return d
 

@@ -93,6 +93,7 @@ class Image:
         self.uncommitted = 0
         self.clean = 0
         self.foreign = 0            # entries of another generation: empty
+        self.unread = 0             # metadata blocks the summary leaves out
         self.commit_seq = None
         if self.blank:
             return
@@ -110,7 +111,19 @@ class Image:
         nr_blocks = origin_sectors // self.block_sectors
         base = self.meta_start * 512
         area = bytes(img[base:base + sb.entries_bytes])
+        # a load reads only the metadata blocks the summary marks (v4):
+        # every dirty entry of ours, committed or not, must be in one
+        marked = tcdisk.marked_blocks(img, sb)
+        self.unread = tcdisk.meta_blocks(sb.nr_slots) - len(marked)
         for s, e in tcdisk.entries(area, sb, nr_blocks):
+            mb = s // tcdisk.ENTRIES_PER_MBLOCK
+            if mb not in marked:
+                if tcdisk.dirty_flagged(area[s * 32:(s + 1) * 32], s, sb.gen):
+                    self.problems.append(f"slot {s}: a dirty entry in metadata block "
+                                         f"{mb}, which the summary does not mark")
+                elif e.state == tcdisk.UNCOMMITTED:
+                    self.named.add(e.block)     # not read: the load ignores it
+                    continue
             if e.state == tcdisk.FOREIGN:
                 self.foreign += 1
             elif e.state in tcdisk.CORRUPT:
@@ -139,7 +152,7 @@ class Image:
             return "blank (no superblock)"
         return (f"commit_seq {self.commit_seq}, {len(self.dirty)} committed dirty, "
                 f"{self.clean} clean, {self.uncommitted} uncommitted, "
-                f"{self.foreign} foreign entries"
+                f"{self.foreign} foreign entries, {self.unread} metadata blocks unread"
                 + (f", problems: {self.problems[:5]}" if self.problems else ""))
 
 

@@ -350,10 +350,8 @@ def read_image(path, size):
 
 
 def data_start(cache_sectors, block=S):
-    """First sector of the data area (tc_disk_layout(), as tclib.tc_slots)."""
-    n = tclib.tc_slots(cache_sectors, block)
-    meta_end = 8 + (n + 127) // 128 * 8
-    return (meta_end + block - 1) // block * block
+    """First sector of the data area (tc_disk_layout())."""
+    return tclib.tc_data_start(cache_sectors, block)
 
 
 def test_fua_write_around_after_dropping_a_queued_slot_survives_crash(stack):

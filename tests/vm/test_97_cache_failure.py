@@ -301,8 +301,7 @@ def test_failed_commit_marks_superblock_and_load_refuses(stack):
     seed = bytes(m.data)
     cache_ram = stack.ram(16 * MiB)
     csize = tclib.size_sectors(cache_ram)
-    slots = tclib.tc_slots(csize)
-    data_start = 8 + (slots + 127) // 128 * 8
+    data_start = tclib.tc_data_start(csize)
     cl = stack.linear(cache_ram)
     tc = stack.tiercache(origin_ram, cl.path, 8, "writeback",
                          keys={"high_watermark": 95, "low_watermark": 90})

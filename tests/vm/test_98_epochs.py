@@ -337,14 +337,11 @@ def cache_stack(stack, mib=4):
 
 
 def downgrade_to_v2(path):
-    """Rewrite the superblock of a cache with no dirty version of an epoch
-    above 0 as the version 2 code wrote it; durable (logged) at return."""
-    sb = tcdisk.decode_sb(tclib.read_direct(path, 0, B))
-    assert sb.ok and sb.epoch == 0, sb
-    raw = tcdisk.encode_sb(sb.nr_slots, sb.block_sectors, sb.commit_seq,
-                           sb.origin_sectors, sb.gen, sb.uuid.encode(),
-                           version=tcdisk.VERSION_V2, flags=sb.flags)
-    tclib.write_direct(path, 0, raw.ljust(B, b"\0"))
+    """Rewrite a cache with no dirty version of an epoch above 0 as the
+    version 2 code wrote it (its layout: no summary, the data lower);
+    durable (logged) at return."""
+    img = tclib.read_direct(path, 0, tclib.size_bytes(path))
+    tclib.write_direct(path, 0, tcdisk.downgrade(img, tcdisk.VERSION_V2))
     fsync_dev(path)
     assert tcdisk.decode_sb(tclib.read_direct(path, 0, B)).version == 2
 

@@ -7,8 +7,10 @@
 //!
 //! Also here: `Dev`, a block device or regular file opened for metadata
 //! and data access (O_DIRECT on block devices, so that what the module
-//! wrote through bios is read, not a stale page cache), and `survey`, the
-//! walk over every entry that `check`, `writeback` and `--format` use.
+//! wrote through bios is read, not a stale page cache), `survey`, the
+//! walk over every entry that `check`, `writeback` and `--format` use, and
+//! `read_summary`, the summary of a version 4 cache, which `check` holds
+//! against the entries.
 
 use serde::Serialize;
 use std::ffi::CStr;
@@ -36,9 +38,13 @@ pub const ENTRY_BYTES: usize = std::mem::size_of::<ffi::tc_disk_entry>();
 pub const MBLOCK_BYTES: usize = ffi::TC_MBLOCK_BYTES as usize;
 /// Sectors reserved for the superblock at the start of the device.
 pub const SB_SECTORS: u64 = ffi::TC_SB_SECTORS as u64;
-/// The format version the module writes (the tool also reads versions 2
-/// and 1: epoch 0, and version 1 as format generation 0).
+/// The format version a format writes: 4, version 3's format with a
+/// summary (the tool also reads versions 3, 2 and 1: 2 and 1 of epoch 0,
+/// and version 1 as format generation 0).
 pub const VERSION: u32 = ffi::TC_DISK_VERSION;
+/// The last version without a summary: a cache formatted before version 4
+/// keeps its layout, and is written as version 3.
+pub const VERSION_V3: u32 = ffi::TC_DISK_VERSION_V3;
 /// The last version without epochs.
 pub const VERSION_V2: u32 = ffi::TC_DISK_VERSION_V2;
 /// Superblock flag: the cache device failed (tc_disk.h, TC_SB_FAILED).
@@ -89,6 +95,13 @@ pub struct Layout {
     pub meta_start: u64,
     /// 4 KiB metadata blocks holding the entries.
     pub meta_blocks: u64,
+    /// Version 4: the first sector of the summary, right after the
+    /// entries; 0 before.
+    pub sum_start: u64,
+    /// 4 KiB summary blocks (`SUM_BITS` metadata blocks to each); 0: no
+    /// summary (versions 1 to 3).
+    pub sum_blocks: u64,
+    /// Slot 0: after the entries, and the summary if there is one.
     pub data_start: u64,
 }
 
@@ -99,18 +112,27 @@ impl Layout {
             nr_slots: l.nr_slots,
             meta_start: l.meta_start,
             meta_blocks: l.meta_blocks,
+            sum_start: l.sum_start,
+            sum_blocks: l.sum_blocks,
             data_start: l.data_start,
         }
     }
-    #[cfg(test)]
     fn to_c(self) -> ffi::tc_layout {
         ffi::tc_layout {
             block_sectors: self.block_sectors,
             nr_slots: self.nr_slots,
             meta_start: self.meta_start,
             meta_blocks: self.meta_blocks,
+            sum_start: self.sum_start,
+            sum_blocks: self.sum_blocks,
             data_start: self.data_start,
         }
+    }
+    /// The format version a superblock of this layout is written in
+    /// (`tc_disk_layout_version`): 4 with a summary, else 3.
+    pub fn version(&self) -> u32 {
+        // SAFETY: a live struct in, a plain value out.
+        unsafe { ffi::tc_disk_layout_version(&self.to_c()) }
     }
     /// The sector after the last slot.
     pub fn end_sector(&self) -> u64 {
@@ -122,6 +144,15 @@ impl Layout {
         self.meta_start
             .saturating_add(self.meta_blocks.saturating_mul(MBLOCK_BYTES as u64 / 512))
     }
+    /// The sector after the last summary block (no summary: 0).
+    pub fn sum_end_sector(&self) -> u64 {
+        self.sum_start
+            .saturating_add(self.sum_blocks.saturating_mul(MBLOCK_BYTES as u64 / 512))
+    }
+    /// Is there a summary (format version 4)?
+    pub fn has_summary(&self) -> bool {
+        self.sum_blocks > 0
+    }
     /// Byte offset of a slot's data.
     pub fn slot_offset(&self, slot: u64) -> u64 {
         (self.data_start + slot * self.block_sectors as u64) * 512
@@ -131,12 +162,26 @@ impl Layout {
     }
 }
 
-/// The most slots a device of `cache_sectors` holds (`tc_disk_layout`),
-/// `None` if the block size is invalid or not one slot fits.
+/// The layout a format gives a device of `cache_sectors` (`tc_disk_layout`:
+/// the current version's, with a summary): the most slots it holds, `None`
+/// if the block size is invalid or not one slot fits.  For a new format
+/// only: an existing cache is compared with `layout_v` of its version.
 pub fn layout(cache_sectors: u64, block_sectors: u32) -> Option<Layout> {
     let mut l = ffi::tc_layout::default();
     // SAFETY: l is a valid out-parameter.
     let r = unsafe { ffi::tc_disk_layout(cache_sectors, block_sectors, &mut l) };
+    (r == 0).then(|| Layout::from_c(&l))
+}
+
+/// The layout of format `version` on a device of `cache_sectors`
+/// (`tc_disk_layout_v`): versions 1 to 3 have no summary, so hold a slot
+/// more on some devices than version 4.  What a cache formatted in that
+/// version on this device would be: the geometry to compare an existing
+/// superblock of that version with.
+pub fn layout_v(cache_sectors: u64, block_sectors: u32, version: u32) -> Option<Layout> {
+    let mut l = ffi::tc_layout::default();
+    // SAFETY: l is a valid out-parameter.
+    let r = unsafe { ffi::tc_disk_layout_v(cache_sectors, block_sectors, version, &mut l) };
     (r == 0).then(|| Layout::from_c(&l))
 }
 
@@ -185,7 +230,8 @@ pub struct Superblock {
     pub origin_sectors: u64,
     /// The dm uuid of the device the cache belongs to; empty: any.
     pub uuid: String,
-    /// The format version read (1, 2 or 3; the module writes 3).
+    /// The format version read (1 to 4; a format writes 4, and a cache
+    /// of an earlier version is written as 3, keeping its layout).
     pub version: u32,
     /// The format generation: only entries of this generation (naming
     /// their own slot) are this cache's; version 1 reads as 0.
@@ -214,6 +260,11 @@ impl Superblock {
     /// Does this format record epochs (version 3 and later)?
     pub fn has_epochs(&self) -> bool {
         self.version > VERSION_V2
+    }
+    /// Does this cache have a summary (version 4)?  The decoder gives the
+    /// layout of the version read, so its summary blocks say.
+    pub fn has_summary(&self) -> bool {
+        self.layout.has_summary()
     }
 }
 
@@ -276,10 +327,12 @@ fn sb_bytes(sb: &ffi::tc_disk_sb) -> [u8; SB_BYTES] {
 /// with its superblock marked failed (`TC_SB_FAILED`): decoded with
 /// `tc_sb_decode`, the flag added, encoded again with `tc_sb_encode`,
 /// which recomputes the checksum.  The rest of the area is kept.
-/// `tc_sb_encode` writes the current version: a version 1 or 2
-/// superblock becomes one of version 3 and epoch 0 (version 1: generation
-/// 0), as the module's first commit makes it.  `None`: marked already, nothing to write.  Refused
-/// if the superblock does not decode (`dev` names the device).
+/// `tc_sb_encode` writes the version of the layout (`Layout::version`):
+/// a version 4 superblock stays version 4, a version 3 one version 3 (it
+/// has no room for a summary), and a version 1 or 2 superblock becomes one
+/// of version 3 and epoch 0 (version 1: generation 0), as the module's
+/// first commit makes it.  `None`: marked already, nothing to write.
+/// Refused if the superblock does not decode (`dev` names the device).
 pub fn sb_marked_failed(area: &[u8], dev: &str) -> Result<Option<Vec<u8>>> {
     let mut sb = sb_from_bytes(area);
     let mut i = ffi::tc_sb_info::default();
@@ -386,11 +439,13 @@ pub fn mark_failed(dev: &dyn WriteAt, want: &MarkWant) -> Result<bool> {
     Ok(true)
 }
 
-/// Encode a superblock (`tc_sb_encode`, which writes the current
-/// version).  The uuid is cut at 128 bytes.  `version` 1 or 2 gives what
+/// Encode a superblock (`tc_sb_encode`, which writes the version of its
+/// layout: 4 with a summary, else 3).  The uuid is cut at 128 bytes.
+/// Another `version` (1 or 2, with a layout of `layout_v` of it) gives what
 /// the code of that version wrote: the version field and checksum are
-/// redone (the epoch must be 0, and in version 1 the generation).  The tool writes no superblock but to mark one
-/// failed (`sb_marked_failed`, through the C code): for tests.
+/// redone (the epoch must be 0, and in version 1 the generation).  The
+/// tool writes no superblock but to mark one failed (`sb_marked_failed`,
+/// through the C code): for tests.
 #[cfg(test)]
 pub fn encode_sb(s: &Superblock) -> [u8; SB_BYTES] {
     let mut i = ffi::tc_sb_info {
@@ -414,7 +469,7 @@ pub fn encode_sb(s: &Superblock) -> [u8; SB_BYTES] {
     // SAFETY: both pointers are to live, properly aligned structs.
     unsafe { ffi::tc_sb_encode(&mut sb, &i) };
     let mut out = sb_bytes(&sb);
-    if s.version != VERSION {
+    if s.version != s.layout.version() {
         let v = std::mem::offset_of!(ffi::tc_disk_sb, version);
         let c = std::mem::offset_of!(ffi::tc_disk_sb, csum);
         out[v..v + 4].copy_from_slice(&s.version.to_le_bytes());
@@ -953,6 +1008,13 @@ impl SbRead {
             .as_ref()
             .is_some_and(|sb| sb.layout.meta_end_sector() * 512 <= self.dev_bytes)
     }
+
+    /// Whether the summary lies within the device too (no summary: false).
+    pub fn summary_readable(&self) -> bool {
+        self.sb.as_ref().is_some_and(|sb| {
+            sb.has_summary() && sb.layout.sum_end_sector() * 512 <= self.dev_bytes
+        })
+    }
 }
 
 /// Call `f` for every slot's entry, in slot order, with its raw bytes.
@@ -1046,6 +1108,17 @@ pub struct EpochCount {
     pub dirty: u64,
 }
 
+/// A metadata block holding entries of ours with the DIRTY flag,
+/// committed or not: the summary of a version 4 cache must mark it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct DirtyMblock {
+    pub mblock: u64,
+    /// The first slot of such an entry in it, for messages.
+    pub first_slot: u64,
+    /// How many such entries it holds.
+    pub entries: u64,
+}
+
 /// Everything `check` and `writeback` need from the entries.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Survey {
@@ -1056,6 +1129,10 @@ pub struct Survey {
     /// One origin block dirty in several slots of one epoch: the metadata
     /// does not say which is current (the module refuses to load it).
     pub duplicates: Vec<Duplicate>,
+    /// The metadata blocks holding entries with the DIRTY flag (committed,
+    /// uncommitted, or beyond the origin), in order: what the summary rule
+    /// covers.
+    pub dirty_mblocks: Vec<DirtyMblock>,
 }
 
 impl Survey {
@@ -1130,9 +1207,30 @@ impl Survey {
     }
 }
 
+/// Note the metadata block of entry `e` in `v` if the entry is one of ours
+/// with the DIRTY flag.  Uncommitted entries count: the module keeps the
+/// summary bit set before a commit writes a dirty entry, finished or not;
+/// and an entry beyond the origin still says dirty (the decoder got that
+/// far).  Entries come in slot order, so one metadata block's are together.
+fn note_dirty_mblock(v: &mut Vec<DirtyMblock>, e: &Entry) {
+    if e.dirty != Some(true) {
+        return;
+    }
+    let mblock = e.slot / entries_per_mblock();
+    match v.last_mut() {
+        Some(d) if d.mblock == mblock => d.entries += 1,
+        _ => v.push(DirtyMblock {
+            mblock,
+            first_slot: e.slot,
+            entries: 1,
+        }),
+    }
+}
+
 pub fn survey(dev: &dyn ReadAt, sb: &Superblock) -> Result<Survey> {
     let mut s = Survey::default();
     for_each_entry(dev, sb, |e, raw| {
+        note_dirty_mblock(&mut s.dirty_mblocks, e);
         match e.state {
             EntryState::Empty => s.counts.empty += 1,
             EntryState::Foreign => s.counts.foreign += 1,
@@ -1186,6 +1284,199 @@ pub fn survey(dev: &dyn ReadAt, sb: &Superblock) -> Result<Survey> {
     Ok(s)
 }
 
+// --------------------------------------------------------------------
+// The summary (version 4)
+// --------------------------------------------------------------------
+
+/// Bytes of one summary block.
+pub const SUM_BYTES: usize = std::mem::size_of::<ffi::tc_disk_sum>();
+/// Metadata blocks one summary block covers (TC_SUM_BITS).
+pub const SUM_BITS: u64 = ffi::TC_SUM_BITS as u64;
+
+/// What `tc_sum_decode` says about a summary block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SumState {
+    /// Of this generation and index, checksum right: its bits hold.
+    Ok,
+    /// Anything else (torn, damaged, zeroed, misplaced, another
+    /// generation's: a format writes every summary block, so none of this
+    /// format's reads so): every metadata block of its range reads as
+    /// marked.
+    Bad,
+}
+
+impl SumState {
+    fn from_c(r: ffi::tc_sum_result) -> SumState {
+        match r {
+            ffi::tc_sum_result::TC_SUM_OK => SumState::Ok,
+            _ => SumState::Bad,
+        }
+    }
+    fn to_c(self) -> ffi::tc_sum_result {
+        match self {
+            SumState::Ok => ffi::tc_sum_result::TC_SUM_OK,
+            SumState::Bad => ffi::tc_sum_result::TC_SUM_BAD,
+        }
+    }
+    /// The C code's description (`tc_sum_result_str`).
+    pub fn describe(self) -> &'static str {
+        // SAFETY: plain value in, static string out.
+        c_str(unsafe { ffi::tc_sum_result_str(self.to_c()) })
+    }
+}
+
+fn sum_from_bytes(raw: &[u8]) -> Box<ffi::tc_disk_sum> {
+    let mut s = Box::<ffi::tc_disk_sum>::default();
+    let n = raw.len().min(SUM_BYTES);
+    // SAFETY: s is SUM_BYTES of plain data; at most that many are copied.
+    unsafe {
+        std::ptr::copy_nonoverlapping(raw.as_ptr(), (&mut *s as *mut ffi::tc_disk_sum).cast(), n)
+    };
+    s
+}
+
+/// One summary block, decoded.
+pub struct SumBlock {
+    /// Its number in the summary.
+    pub index: u64,
+    pub state: SumState,
+    /// The block as read, for its bits (kept whole: tc_sum_test reads it).
+    raw: Box<ffi::tc_disk_sum>,
+}
+
+impl SumBlock {
+    /// Decode summary block `index` under format generation `generation`
+    /// (`tc_sum_decode`).
+    pub fn decode(raw: &[u8], index: u64, generation: u32) -> SumBlock {
+        let raw = sum_from_bytes(raw);
+        // SAFETY: a live struct in, a plain value out.  The summary of a
+        // 2^32-slot cache has about a thousand blocks: index fits in 32 bits.
+        let state =
+            SumState::from_c(unsafe { ffi::tc_sum_decode(&*raw, index as u32, generation) });
+        SumBlock { index, state, raw }
+    }
+    /// The first metadata block it covers.
+    pub fn first_mblock(&self) -> u64 {
+        self.index * SUM_BITS
+    }
+    /// How many of the cache's `meta_blocks` it covers (the last block of
+    /// the summary covers the rest).
+    pub fn covers(&self, meta_blocks: u64) -> u64 {
+        meta_blocks
+            .saturating_sub(self.first_mblock())
+            .min(SUM_BITS)
+    }
+    /// Does it mark metadata block `mblock` (one of its range)?  Valid: its
+    /// bit (`tc_sum_test`); bad: yes, as the module reads it.
+    pub fn marks(&self, mblock: u64) -> bool {
+        match self.state {
+            SumState::Bad => true,
+            // SAFETY: a live struct; the bit number is below SUM_BITS.
+            SumState::Ok => unsafe {
+                ffi::tc_abi_sum_test(&*self.raw, (mblock - self.first_mblock()) as u32)
+            },
+        }
+    }
+    /// How many of the cache's `meta_blocks` of its range it marks.
+    pub fn marked(&self, meta_blocks: u64) -> u64 {
+        let first = self.first_mblock();
+        (first..first + self.covers(meta_blocks))
+            .filter(|&mb| self.marks(mb))
+            .count() as u64
+    }
+}
+
+/// The summary of a version 4 cache, as the module's load reads it.
+pub struct Summary {
+    pub meta_blocks: u64,
+    pub blocks: Vec<SumBlock>,
+}
+
+impl Summary {
+    /// The summary block covering metadata block `mblock`.
+    pub fn block_of(&self, mblock: u64) -> &SumBlock {
+        &self.blocks[(mblock / SUM_BITS) as usize]
+    }
+    /// Is metadata block `mblock` marked ("may hold a dirty entry")?
+    pub fn marks(&self, mblock: u64) -> bool {
+        self.block_of(mblock).marks(mblock)
+    }
+    /// Metadata blocks marked, in all (those of bad blocks included).
+    pub fn marked(&self) -> u64 {
+        self.blocks.iter().map(|b| b.marked(self.meta_blocks)).sum()
+    }
+    /// The blocks of `dirty` (metadata blocks holding dirty entries) it
+    /// does not mark: the module's load, reading only marked blocks, would
+    /// not see their dirty entries.
+    pub fn unmarked(&self, dirty: &[DirtyMblock]) -> Vec<DirtyMblock> {
+        dirty
+            .iter()
+            .filter(|d| !self.marks(d.mblock))
+            .copied()
+            .collect()
+    }
+}
+
+/// Read and decode the summary of `sb`'s cache; `None` before version 4.
+pub fn read_summary(dev: &dyn ReadAt, sb: &Superblock) -> Result<Option<Summary>> {
+    let l = &sb.layout;
+    if !l.has_summary() {
+        return Ok(None);
+    }
+    let chunk_blocks: u64 = 256;
+    let mut blocks = Vec::with_capacity(l.sum_blocks as usize);
+    let mut k = 0;
+    while k < l.sum_blocks {
+        let n = chunk_blocks.min(l.sum_blocks - k);
+        let off = l.sum_start * 512 + k * SUM_BYTES as u64;
+        let buf = dev.read_at(off, n as usize * SUM_BYTES)?;
+        for (j, raw) in buf.chunks_exact(SUM_BYTES).enumerate() {
+            blocks.push(SumBlock::decode(raw, k + j as u64, sb.generation));
+        }
+        k += n;
+    }
+    Ok(Some(Summary {
+        meta_blocks: l.meta_blocks,
+        blocks,
+    }))
+}
+
+#[cfg(test)]
+fn sum_bytes(s: &ffi::tc_disk_sum) -> Vec<u8> {
+    let mut out = vec![0u8; SUM_BYTES];
+    // SAFETY: s is SUM_BYTES bytes of plain data.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (s as *const ffi::tc_disk_sum).cast::<u8>(),
+            out.as_mut_ptr(),
+            SUM_BYTES,
+        )
+    };
+    out
+}
+
+/// Summary block `index` of generation `generation` marking the metadata
+/// blocks `mblocks` (numbers in the whole cache, of its range), sealed
+/// (`tc_sum_set`, `tc_sum_seal`), as the module writes it.  The tool
+/// writes no summary: for tests.
+#[cfg(test)]
+pub fn encode_sum(index: u64, generation: u32, mblocks: &[u64]) -> Vec<u8> {
+    let mut s = Box::<ffi::tc_disk_sum>::default();
+    for &mb in mblocks {
+        let j = mb - index * SUM_BITS;
+        assert!(
+            j < SUM_BITS,
+            "metadata block {mb} is not of summary block {index}"
+        );
+        // SAFETY: a live struct; the bit number is below SUM_BITS.
+        unsafe { ffi::tc_abi_sum_set(&mut *s, j as u32) };
+    }
+    // SAFETY: a live struct.
+    unsafe { ffi::tc_sum_seal(&mut *s, index as u32, generation) };
+    sum_bytes(&s)
+}
+
 /// An in-memory device image, for tests.
 #[cfg(test)]
 #[derive(Clone, Debug)]
@@ -1230,8 +1521,11 @@ pub fn garbage(buf: &mut [u8], mut x: u64) {
 
 /// Build a formatted cache image of `cache_sectors` with the given entries
 /// `(slot, block, dirty, seq)`, dirty ones of the superblock's epoch, the
-/// data of each entry's slot filled with `fill(block)`.  For tests, here so
-/// that every test builds images the same way (through the C encoder).
+/// data of each entry's slot filled with `fill(block)`; with a summary
+/// (version 4), every summary block written sealed (as a format writes
+/// it) with the metadata blocks of the dirty entries marked, as the module
+/// leaves them.  For tests, here so that every test builds
+/// images the same way (through the C encoder).
 #[cfg(test)]
 pub fn build_image(
     sb: &Superblock,
@@ -1272,7 +1566,37 @@ pub fn build_image_epochs(
         let bb = l.block_bytes() as usize;
         img[d..d + bb].fill(fill(block, epoch));
     }
+    let dirty: Vec<u64> = entries
+        .iter()
+        .filter(|e| e.2)
+        .map(|e| e.0 / entries_per_mblock())
+        .collect();
+    write_summary(&mut img, sb, &dirty);
     img
+}
+
+/// Byte offset of summary block `index`.
+#[cfg(test)]
+pub fn sum_offset(l: &Layout, index: u64) -> u64 {
+    l.sum_start * 512 + index * SUM_BYTES as u64
+}
+
+/// Write the whole summary of image `img` (none before version 4: nothing
+/// to do), every block sealed in the superblock's generation, as a format
+/// writes it, marking exactly the metadata blocks `mblocks` (each summary
+/// block with none of them all clear).  For tests.
+#[cfg(test)]
+pub fn write_summary(img: &mut [u8], sb: &Superblock, mblocks: &[u64]) {
+    let l = &sb.layout;
+    for k in 0..l.sum_blocks {
+        let mine: Vec<u64> = mblocks
+            .iter()
+            .copied()
+            .filter(|mb| mb / SUM_BITS == k)
+            .collect();
+        let o = sum_offset(l, k) as usize;
+        img[o..o + SUM_BYTES].copy_from_slice(&encode_sum(k, sb.generation, &mine));
+    }
 }
 
 #[cfg(test)]
@@ -1314,7 +1638,14 @@ mod tests {
         );
         assert_eq!(ffi::TC_DE_EPOCH_SHIFT, 16);
         assert_eq!(ffi::TC_DE_EPOCH_MASK, 0xffff_0000);
-        assert_eq!((VERSION, VERSION_V2), (3, 2));
+        assert_eq!((VERSION, VERSION_V3, VERSION_V2), (4, 3, 2));
+        assert_eq!(ffi::tc_abi_sum_size as usize, SUM_BYTES);
+        assert_eq!(SUM_BYTES, MBLOCK_BYTES);
+        assert_eq!(
+            ffi::tc_abi_sum_bits_offset as usize,
+            std::mem::offset_of!(ffi::tc_disk_sum, bits)
+        );
+        assert_eq!(SUM_BITS, (MBLOCK_BYTES as u64 - 16) * 8);
         assert_eq!(SB_BYTES, 512);
         assert_eq!(ENTRY_BYTES, 32);
         assert_eq!(entries_per_mblock() as usize, MBLOCK_BYTES / ENTRY_BYTES);
@@ -1339,8 +1670,18 @@ mod tests {
         }
     }
 
+    /// `sample()` in the layout of format `version` (1: generation 0).
+    fn sample_v(version: u32) -> Superblock {
+        Superblock {
+            layout: layout_v(4096, 8, version).unwrap(),
+            version,
+            generation: if version == 1 { 0 } else { G },
+            ..sample()
+        }
+    }
+
     /// A superblock to decode entries under: an origin of `origin_blocks`,
-    /// commit `commit_seq`, generation `generation`, version 3, epoch 0.
+    /// commit `commit_seq`, generation `generation`, version 4, epoch 0.
     fn under(origin_blocks: u64, commit_seq: u64, generation: u32) -> Superblock {
         Superblock {
             origin_sectors: origin_blocks * 8,
@@ -1419,11 +1760,7 @@ mod tests {
         assert_eq!(sb_marked_failed(&new, "dev").unwrap(), None);
 
         // Version 1: written as version 3, generation 0, epoch 0.
-        let v1 = Superblock {
-            version: 1,
-            generation: 0,
-            ..sample()
-        };
+        let v1 = sample_v(1);
         let new = sb_marked_failed(&encode_sb(&v1), "dev").unwrap().unwrap();
         let got = decode_sb(&new).1.unwrap();
         assert_eq!(
@@ -1431,6 +1768,21 @@ mod tests {
             (3, 0, 0, SB_FAILED)
         );
         assert_eq!((got.layout, got.commit_seq), (v1.layout, v1.commit_seq));
+
+        // Version 3 stays version 3 (no room for a summary), version 4
+        // stays version 4: the layout is kept.
+        for v in [VERSION_V3, VERSION] {
+            let sb = sample_v(v);
+            let new = sb_marked_failed(&encode_sb(&sb), "dev").unwrap().unwrap();
+            let got = decode_sb(&new).1.unwrap();
+            assert_eq!(
+                got,
+                Superblock {
+                    flags: SB_FAILED,
+                    ..sb
+                }
+            );
+        }
 
         // Nothing to mark: refused.
         let e = sb_marked_failed(&[0u8; 4096], "dev").unwrap_err();
@@ -1553,8 +1905,12 @@ mod tests {
         let e = decode_entry(&encode_entry(3, 77, true, 5, G, 0), 3, &under(100, 9, G));
         assert_eq!(e.state, EntryState::Dirty);
         assert_eq!((e.block, e.seq, e.dirty), (Some(77), Some(5), Some(true)));
+        // Uncommitted: whether it is dirty is decoded too (the summary
+        // rule covers uncommitted dirty entries).
         let e = decode_entry(&encode_entry(3, 77, true, 10, G, 0), 3, &under(100, 9, G));
-        assert_eq!(e.state, EntryState::Uncommitted);
+        assert_eq!((e.state, e.dirty), (EntryState::Uncommitted, Some(true)));
+        let e = decode_entry(&encode_entry(3, 77, false, 10, G, 0), 3, &under(100, 9, G));
+        assert_eq!((e.state, e.dirty), (EntryState::Uncommitted, Some(false)));
         let e = decode_entry(&encode_entry(3, 77, false, 5, G, 0), 3, &under(100, 9, G));
         assert_eq!(e.state, EntryState::Clean);
         // Another generation's entry, in its place or not: foreign (empty).
@@ -1602,10 +1958,124 @@ mod tests {
     }
 
     #[test]
+    fn layouts_of_the_versions() {
+        // 4096 sectors of 4 KiB slots: 507 slots without a summary, 506
+        // with its one block (in 4 metadata blocks either way).
+        let v4 = layout(4096, 8).unwrap();
+        assert_eq!(layout_v(4096, 8, VERSION), Some(v4));
+        assert_eq!((v4.nr_slots, v4.meta_blocks), (506, 4));
+        assert_eq!((v4.sum_start, v4.sum_blocks), (v4.meta_end_sector(), 1));
+        assert_eq!(v4.sum_end_sector(), v4.sum_start + 8);
+        assert_eq!(v4.data_start, v4.sum_end_sector());
+        assert!(v4.has_summary() && v4.version() == VERSION);
+        for v in [1, VERSION_V2, VERSION_V3] {
+            let l = layout_v(4096, 8, v).unwrap();
+            assert_eq!((l.nr_slots, l.meta_blocks), (507, 4), "version {v}");
+            assert_eq!((l.sum_start, l.sum_blocks, l.sum_end_sector()), (0, 0, 0));
+            assert_eq!(l.data_start, l.meta_end_sector());
+            assert!(!l.has_summary() && l.version() == VERSION_V3);
+        }
+        // The data area starts on a block boundary after the summary.
+        let big = layout(1 << 21, 1024).unwrap();
+        assert_eq!(big.data_start % 1024, 0);
+        assert!(big.data_start >= big.sum_end_sector());
+        assert!(big.data_start - big.sum_end_sector() < 1024);
+        assert_eq!(layout_v(16, 8, VERSION_V3), None);
+    }
+
+    #[test]
+    fn summary_blocks_decode_through_c() {
+        let meta_blocks = SUM_BITS + 10;
+        let raw = encode_sum(0, G, &[0, 5, SUM_BITS - 1]);
+        let b = SumBlock::decode(&raw, 0, G);
+        assert_eq!(b.state, SumState::Ok);
+        assert!(b.marks(0) && b.marks(5) && b.marks(SUM_BITS - 1) && !b.marks(1));
+        assert_eq!(
+            (b.covers(meta_blocks), b.marked(meta_blocks)),
+            (SUM_BITS, 3)
+        );
+        // Another generation's, or all zero: bad (a format writes every
+        // summary block), all marked.
+        let old = SumBlock::decode(&raw, 0, G - 1);
+        assert_eq!((old.state, old.marks(1)), (SumState::Bad, true));
+        let zero = SumBlock::decode(&[0u8; SUM_BYTES], 0, G);
+        assert_eq!((zero.state, zero.marks(5)), (SumState::Bad, true));
+        assert_eq!(zero.marked(meta_blocks), SUM_BITS);
+        assert_eq!(
+            zero.state.describe(),
+            "torn, damaged or not of this format (read as all set)"
+        );
+        // Ours in the wrong place, or with a bit flipped: bad, all marked.
+        assert_eq!(SumBlock::decode(&raw, 1, G).state, SumState::Bad);
+        let mut torn = raw.clone();
+        torn[100] ^= 4;
+        let b = SumBlock::decode(&torn, 0, G);
+        assert_eq!((b.state, b.marks(1)), (SumState::Bad, true));
+        assert_eq!(b.marked(meta_blocks), SUM_BITS);
+        assert_eq!(b.state.describe(), zero.state.describe());
+        // The second block covers the rest; bits are numbered within it.
+        let raw = encode_sum(1, G, &[SUM_BITS + 9]);
+        let b = SumBlock::decode(&raw, 1, G);
+        assert_eq!((b.first_mblock(), b.covers(meta_blocks)), (SUM_BITS, 10));
+        assert!(b.marks(SUM_BITS + 9) && !b.marks(SUM_BITS));
+        assert_eq!(b.marked(meta_blocks), 1);
+    }
+
+    #[test]
+    fn summary_of_an_image() {
+        // Dirty entries in metadata blocks 0 and 2 (slot 300, uncommitted),
+        // a clean one in block 1: blocks 0 and 2 are marked, and they are
+        // the blocks the summary rule covers.
+        let sb = sample();
+        let per = entries_per_mblock();
+        let img = build_image(
+            &sb,
+            4096,
+            &[
+                (3, 77, true, 5),
+                (per + 1, 78, false, 5),
+                (2 * per + 44, 79, true, 10),
+            ],
+            |_| 0xab,
+        );
+        let m = MemImage {
+            name: "img".into(),
+            data: img,
+        };
+        let sum = read_summary(&m, &sb).unwrap().unwrap();
+        assert_eq!((sum.meta_blocks, sum.blocks.len()), (4, 1));
+        assert_eq!(sum.blocks[0].state, SumState::Ok);
+        assert_eq!(sum.marked(), 2);
+        assert!(sum.marks(0) && !sum.marks(1) && sum.marks(2) && !sum.marks(3));
+        let s = survey(&m, &sb).unwrap();
+        assert_eq!(
+            s.dirty_mblocks,
+            vec![
+                DirtyMblock {
+                    mblock: 0,
+                    first_slot: 3,
+                    entries: 1
+                },
+                DirtyMblock {
+                    mblock: 2,
+                    first_slot: 2 * per + 44,
+                    entries: 1
+                },
+            ]
+        );
+        assert!(sum.unmarked(&s.dirty_mblocks).is_empty());
+        // Block 2's bit cleared: it is unmarked.
+        let mut m2 = m.clone();
+        write_summary(&mut m2.data, &sb, &[0]);
+        let sum = read_summary(&m2, &sb).unwrap().unwrap();
+        assert_eq!(sum.unmarked(&s.dirty_mblocks), vec![s.dirty_mblocks[1]]);
+        // Version 3: no summary to read.
+        assert!(read_summary(&m, &sample_v(VERSION_V3)).unwrap().is_none());
+    }
+
+    #[test]
     fn version_1_superblock_reads_as_generation_0() {
-        let mut v1 = sample();
-        v1.version = 1;
-        v1.generation = 0;
+        let v1 = sample_v(1);
         let raw = encode_sb(&v1);
         assert_eq!(&raw[8..12], &1u32.to_le_bytes());
         let (st, got) = decode_sb(&raw);
@@ -1797,10 +2267,7 @@ mod tests {
 
     #[test]
     fn version_2_superblock_reads_as_epoch_0() {
-        let v2 = Superblock {
-            version: VERSION_V2,
-            ..sample()
-        };
+        let v2 = sample_v(VERSION_V2);
         let raw = encode_sb(&v2);
         assert_eq!(&raw[8..12], &2u32.to_le_bytes());
         let got = decode_sb(&raw).1.unwrap();

@@ -33,7 +33,7 @@ Exit status:
  10  a device cannot be opened or read
  11  no tiercache superblock on the cache device (never formatted)
  12  the superblock is corrupt, of an unknown version, or larger than the device
- 13  corrupt metadata entries
+ 13  corrupt metadata entries, or dirty ones the summary does not mark
  14  duplicate dirty entries (one origin block dirty in several slots)
  15  the superblock is marked failed (by the module when a metadata commit
      failed, or by 'detach --abandon' or 'check --mark-failed')
@@ -402,18 +402,24 @@ Reads the superblock and every entry with the module's own decoder and
 prints a summary.  DEVICE may be a block device or an image file.  Exit
 status: 0 consistent, 10 cannot read the device, 11 no superblock (never
 formatted), 12 superblock corrupt or of an unknown version, 13 corrupt
-entries (each listed with its slot and the reason), 14 an origin block dirty
-in several slots (of one epoch, in format version 3), 15 the superblock is
-marked failed (by the module when a metadata commit failed, or by 'detach
---abandon' or 'check --mark-failed' when an administrator gave the cache
-up: the module does not load it again); the lowest applies.
+entries (each listed with its slot and the reason) or metadata blocks with
+dirty entries that the summary does not mark (format version 4), 14 an
+origin block dirty in several slots (of one epoch, from format version 3),
+15 the superblock is marked failed (by the module when a metadata commit
+failed, or by 'detach --abandon' or 'check --mark-failed' when an
+administrator gave the cache up: the module does not load it again); the
+lowest applies.
 Entries of a commit that did not finish are ignored, as the module ignores
 them.  Entries of another format generation (an earlier format's, or bytes
 the device held before) are free slots, counted apart, not errors.  Format
 version 3 records the epoch of each dirty block (the writes between two
 flushes): one origin block may be dirty in several slots, one version per
 epoch, the newest being its data; check reports the live epochs (the
-oldest and the newest) and the blocks with several versions.
+oldest and the newest) and the blocks with several versions.  Format
+version 4 adds a summary, a bit per metadata block that may hold a dirty
+entry, so that the module loads only those: check reports how many are
+marked, and a torn summary block (read as marking all of its blocks) as a
+warning.  A format writes version 4; older caches keep their layout.
 
 --mark-failed writes the failed mark instead, as 'detach --abandon' does:
 for a cache device whose mark 'detach --abandon' could not write (it
@@ -445,11 +451,12 @@ module loads it either).")]
     #[command(after_help = "\
 Each entry: slot, origin block, state (dirty, clean, uncommitted, or what is
 wrong with it), the commit that wrote it and, for a dirty block, the epoch
-of its version (format version 3; 0 before).  Exit status as for check, but
-corrupt entries and the failed mark are shown, not judged.  The superblock
-shows the format version, generation, epoch (a lower bound of the dirty
-entries' epochs) and flags (failed); entries of another generation
-(foreign) are free slots, shown with --all.")]
+of its version (format version 3 on; 0 before).  Exit status as for check,
+but corrupt entries, the summary and the failed mark are shown, not judged.
+The superblock shows the format version, generation, epoch (a lower bound of
+the dirty entries' epochs), layout and flags (failed), then in format
+version 4 the summary: what each of its blocks marks.  Entries of another
+generation (foreign) are free slots, shown with --all.")]
     Dump {
         /// Cache device or image file
         device: String,
@@ -463,8 +470,8 @@ entries' epochs) and flags (failed); entries of another generation
     /// Write a cache's dirty blocks to its origin without the module (offline)
     #[command(after_help = "\
 For when the cache cannot be set up: every committed dirty block is copied
-from its slot to the origin, epoch by epoch, oldest first (format version 3;
-an epoch is the writes between two flushes), in origin order within an
+from its slot to the origin, epoch by epoch, oldest first (format version 3
+on; an epoch is the writes between two flushes), in origin order within an
 epoch, adjacent blocks merged into writes of up to 4 MiB; the origin is
 synced after each epoch, so that it only passes through states a power cut
 could have left.  Then the entries are rewritten as clean (and synced), so

@@ -6,15 +6,16 @@
 //!
 //! Exit codes (`error::Kind`): 0 consistent; 10 the device cannot be
 //! opened or read; 11 no superblock; 12 bad superblock; 13 corrupt
-//! entries; 14 duplicate dirty entries; 15 the superblock is marked failed.
-//! When several apply, the lowest.
+//! entries, or (version 4) dirty entries in metadata blocks the summary
+//! does not mark; 14 duplicate dirty entries; 15 the superblock is marked
+//! failed.  When several apply, the lowest.
 
 use serde::Serialize;
 use std::io::Write;
 
 use crate::disk::{
-    self, Access, BadEntry, Counts, Dev, DirtyRef, Duplicate, EntryState, EpochCount, ReadAt,
-    SbRead, SbState, Superblock, Survey, WriteAt,
+    self, Access, BadEntry, Counts, Dev, DirtyMblock, DirtyRef, Duplicate, EntryState, EpochCount,
+    ReadAt, SbRead, SbState, SumBlock, SumState, Summary, Superblock, Survey, WriteAt,
 };
 use crate::error::{usage, Error, Kind, Result};
 use crate::units::fmt_bytes;
@@ -45,7 +46,7 @@ fn warn_if_held(dev: &Dev, err: &mut dyn Write) {
 pub struct CheckReport {
     pub device: String,
     /// ok, unreadable, no_superblock, bad_superblock, bad_entries,
-    /// duplicate_dirty, failed
+    /// bad_summary (exit code 13 too), duplicate_dirty, failed
     pub result: &'static str,
     pub exit_code: i32,
     /// The first problem, as also printed on stderr.
@@ -61,6 +62,86 @@ pub struct CheckReport {
     pub duplicates: Vec<Duplicate>,
     /// The epochs of the committed dirty entries.
     pub epochs: Option<EpochReport>,
+    /// The summary (version 4; null before, or when not read).
+    pub summary: Option<SummaryReport>,
+}
+
+/// The summary of a version 4 cache against its entries, as `check`
+/// reports it.
+#[derive(Clone, Debug, Serialize)]
+pub struct SummaryReport {
+    /// Its first sector and its 4 KiB blocks.
+    pub start: u64,
+    pub blocks: u64,
+    /// Metadata blocks in all, and those it marks ("may hold a dirty
+    /// entry"; every one of a bad summary block).
+    pub meta_blocks: u64,
+    pub marked: u64,
+    /// Metadata blocks holding dirty entries (committed or not).
+    pub dirty_meta_blocks: u64,
+    /// Summary blocks torn, damaged or not of this format (a format
+    /// writes every one): read as marking every metadata block of their
+    /// range, as the module reads them (not an error).
+    pub damaged: Vec<DamagedSum>,
+    /// Metadata blocks holding dirty entries that it does not mark: the
+    /// module's load, which reads only the marked ones, would miss their
+    /// dirty blocks (an error).
+    pub unmarked: Vec<Unmarked>,
+}
+
+/// A summary block torn, damaged or not of this format.
+#[derive(Clone, Debug, Serialize)]
+pub struct DamagedSum {
+    pub index: u64,
+    /// The metadata blocks it covers, all read as marked.
+    pub meta_blocks: u64,
+}
+
+/// A metadata block with dirty entries that the summary does not mark.
+#[derive(Clone, Debug, Serialize)]
+pub struct Unmarked {
+    pub meta_block: u64,
+    /// Its entries with the DIRTY flag, and the slot of the first.
+    pub dirty_entries: u64,
+    pub first_slot: u64,
+    /// The summary block covering it (valid, with the bit clear: a bad
+    /// one marks every block of its range).
+    pub summary_block: u64,
+}
+
+impl SummaryReport {
+    fn of(sb: &Superblock, sum: &Summary, s: &Survey) -> SummaryReport {
+        let l = &sb.layout;
+        SummaryReport {
+            start: l.sum_start,
+            blocks: l.sum_blocks,
+            meta_blocks: l.meta_blocks,
+            marked: sum.marked(),
+            dirty_meta_blocks: s.dirty_mblocks.len() as u64,
+            damaged: sum
+                .blocks
+                .iter()
+                .filter(|b| b.state == SumState::Bad)
+                .map(|b| DamagedSum {
+                    index: b.index,
+                    meta_blocks: b.covers(l.meta_blocks),
+                })
+                .collect(),
+            unmarked: sum
+                .unmarked(&s.dirty_mblocks)
+                .iter()
+                .map(|d: &DirtyMblock| {
+                    let b = sum.block_of(d.mblock);
+                    Unmarked {
+                        meta_block: d.mblock,
+                        dirty_entries: d.entries,
+                        first_slot: d.first_slot,
+                        summary_block: b.index,
+                    }
+                })
+                .collect(),
+        }
+    }
 }
 
 /// The epochs of the committed dirty entries, as `check` reports them.
@@ -131,6 +212,7 @@ pub fn check_dev(dev: &dyn ReadAt) -> (CheckReport, Option<Error>) {
         corrupt: vec![],
         duplicates: vec![],
         epochs: None,
+        summary: None,
     };
     let finish = |mut rep: CheckReport, e: Option<Error>| {
         rep.result = result_name(e.as_ref().map(|e| e.kind));
@@ -158,6 +240,14 @@ pub fn check_dev(dev: &dyn ReadAt) -> (CheckReport, Option<Error>) {
     rep.corrupt = s.corrupt.clone();
     rep.duplicates = s.duplicates.clone();
     rep.epochs = Some(EpochReport::of(sb, &s));
+    match disk::read_summary(dev, sb) {
+        Ok(sum) => rep.summary = sum.map(|sum| SummaryReport::of(sb, &sum, &s)),
+        Err(e) => return finish(rep, Some(e)),
+    }
+    let unmarked = summary_error(&name, rep.summary.as_ref());
+    // Its own result name, under the exit code of corrupt entries, which
+    // come first.
+    let bad_summary = unmarked.is_some() && s.corrupt.is_empty();
     let e = if !s.corrupt.is_empty() {
         Some(Error::new(
             Kind::BadEntries,
@@ -169,6 +259,8 @@ pub fn check_dev(dev: &dyn ReadAt) -> (CheckReport, Option<Error>) {
                 list_some(s.corrupt.iter().map(|b| b.slot))
             ),
         ))
+    } else if unmarked.is_some() {
+        unmarked
     } else if !s.duplicates.is_empty() {
         let which: Vec<String> = s
             .duplicates
@@ -200,7 +292,37 @@ pub fn check_dev(dev: &dyn ReadAt) -> (CheckReport, Option<Error>) {
     } else {
         None
     };
-    finish(rep, e)
+    let (mut rep, e) = finish(rep, e);
+    if bad_summary {
+        rep.result = "bad_summary";
+    }
+    (rep, e)
+}
+
+/// The error of a summary that does not mark every metadata block holding
+/// dirty entries (exit 13, as corrupt entries: the module's load would
+/// miss them, as it misses a corrupt entry's block).
+fn summary_error(name: &str, sum: Option<&SummaryReport>) -> Option<Error> {
+    let u = &sum?.unmarked;
+    if u.is_empty() {
+        return None;
+    }
+    let n = u.len() as u64;
+    Some(
+        Error::new(
+            Kind::BadEntries,
+            format!(
+                "{name}: {n} metadata {} dirty entries but {} not marked in the summary (metadata block{} {})",
+                plural(n, "block holds", "blocks hold"),
+                plural(n, "is", "are"),
+                if n == 1 { "" } else { "s" },
+                list_some(u.iter().map(|x| x.meta_block))
+            ),
+        )
+        .hint(
+            "the module's load reads only the metadata blocks the summary marks, and would not see these dirty blocks; 'tiercache writeback', which reads every entry, writes them to their origin offline",
+        ),
+    )
 }
 
 /// What the failed mark says.
@@ -263,6 +385,66 @@ fn sb_lines(sb: &Superblock, o: &mut Vec<String>) {
     }
 }
 
+/// What check says after the format version: how the module treats it.
+fn version_note(version: u32) -> String {
+    if version < disk::VERSION_V3 {
+        format!(
+            " (the module writes version {} from its first commit)",
+            disk::VERSION_V3
+        )
+    } else if version < disk::VERSION {
+        format!(
+            " (no summary: the module reads every metadata block; a format makes version {})",
+            disk::VERSION
+        )
+    } else {
+        String::new()
+    }
+}
+
+/// The summary lines of check: the marked count, then a warning per bad
+/// summary block (torn, damaged or not of this format) and an error per
+/// unmarked metadata block (an OK summary block with its bit clear).
+fn summary_lines(sb: &Superblock, sum: Option<&SummaryReport>, o: &mut Vec<String>) {
+    let Some(r) = sum else {
+        // Version 4 with its summary unread: the error says why.
+        if !sb.has_summary() {
+            o.push(format!(
+                "  summary:     none in format version {} (the module reads every metadata block)",
+                sb.version
+            ));
+        }
+        return;
+    };
+    o.push(format!(
+        "  summary:     {} of {} metadata blocks marked, {} with dirty entries ({} summary {} from sector {})",
+        r.marked,
+        r.meta_blocks,
+        r.dirty_meta_blocks,
+        r.blocks,
+        plural(r.blocks, "block", "blocks"),
+        r.start,
+    ));
+    for d in &r.damaged {
+        o.push(format!(
+            "  warning:     summary block {} torn, damaged or not of this format: its {} metadata {} read as marked",
+            d.index,
+            d.meta_blocks,
+            plural(d.meta_blocks, "block", "blocks")
+        ));
+    }
+    for u in &r.unmarked {
+        o.push(format!(
+            "  unmarked:    metadata block {} holds {} dirty {} (the first in slot {}), but its bit in summary block {} is clear",
+            u.meta_block,
+            u.dirty_entries,
+            plural(u.dirty_entries, "entry", "entries"),
+            u.first_slot,
+            u.summary_block
+        ));
+    }
+}
+
 /// "3 live, oldest 17, newest 19 (...)": the epochs line of check.
 fn epochs_text(sb: &Superblock, e: &EpochReport) -> String {
     if !sb.has_epochs() {
@@ -309,14 +491,7 @@ pub fn check_text(rep: &CheckReport) -> String {
         "{}: tiercache metadata, format version {}{}",
         rep.device,
         sb.version,
-        if sb.version < disk::VERSION {
-            format!(
-                " (the module writes version {} from its first commit)",
-                disk::VERSION
-            )
-        } else {
-            String::new()
-        }
+        version_note(sb.version)
     ));
     sb_lines(sb, &mut o);
     if let Some(c) = &rep.counts {
@@ -337,6 +512,9 @@ pub fn check_text(rep: &CheckReport) -> String {
     }
     if let Some(e) = &rep.epochs {
         o.push(format!("  epochs:      {}", epochs_text(sb, e)));
+    }
+    if rep.counts.is_some() {
+        summary_lines(sb, rep.summary.as_ref(), &mut o);
     }
     for b in &rep.corrupt {
         o.push(format!(
@@ -368,6 +546,7 @@ pub fn check_text(rep: &CheckReport) -> String {
             "ok" => "consistent",
             "bad_superblock" => "superblock unusable",
             "bad_entries" => "CORRUPT ENTRIES",
+            "bad_summary" => "DIRTY METADATA BLOCKS NOT MARKED IN THE SUMMARY",
             "duplicate_dirty" => "DUPLICATE DIRTY ENTRIES",
             "failed" => "MARKED FAILED",
             other => other,
@@ -398,6 +577,7 @@ pub fn check(path: &str, json: bool, out: &mut dyn Write, err: &mut dyn Write) -
                 corrupt: vec![],
                 duplicates: vec![],
                 epochs: None,
+                summary: None,
             };
             (rep, Some(e))
         }
@@ -507,6 +687,8 @@ struct SbJson<'a> {
     nr_slots: u64,
     meta_start: u64,
     meta_blocks: u64,
+    sum_start: u64,
+    sum_blocks: u64,
     data_start: u64,
     origin_sectors: u64,
     uuid: &'a str,
@@ -526,11 +708,97 @@ fn sb_json(sb: &Superblock) -> SbJson<'_> {
         nr_slots: l.nr_slots,
         meta_start: l.meta_start,
         meta_blocks: l.meta_blocks,
+        sum_start: l.sum_start,
+        sum_blocks: l.sum_blocks,
         data_start: l.data_start,
         origin_sectors: sb.origin_sectors,
         uuid: &sb.uuid,
         flags: sb.flags,
         failed: sb.failed(),
+    }
+}
+
+/// The metadata blocks summary block `b` marks, as runs (first, last):
+/// a bad one marks its whole range.
+fn marked_runs(b: &SumBlock, meta_blocks: u64) -> Vec<(u64, u64)> {
+    let first = b.first_mblock();
+    runs_of((first..first + b.covers(meta_blocks)).filter(|&mb| b.marks(mb)))
+}
+
+#[derive(Serialize)]
+struct SumBlockJson {
+    index: u64,
+    state: SumState,
+    /// Metadata blocks it covers and marks, and the marked ones as runs
+    /// [first, last].
+    meta_blocks: u64,
+    marked: u64,
+    runs: Vec<(u64, u64)>,
+}
+
+#[derive(Serialize)]
+struct SumJson {
+    meta_blocks: u64,
+    marked: u64,
+    blocks: Vec<SumBlockJson>,
+}
+
+fn sum_json(sum: &Summary) -> SumJson {
+    let blocks: Vec<SumBlockJson> = sum
+        .blocks
+        .iter()
+        .map(|b| {
+            let runs = marked_runs(b, sum.meta_blocks);
+            SumBlockJson {
+                index: b.index,
+                state: b.state,
+                meta_blocks: b.covers(sum.meta_blocks),
+                marked: runs.iter().map(|(a, z)| z - a + 1).sum(),
+                runs,
+            }
+        })
+        .collect();
+    SumJson {
+        meta_blocks: sum.meta_blocks,
+        marked: blocks.iter().map(|b| b.marked).sum(),
+        blocks,
+    }
+}
+
+/// The summary part of dump's text: per summary block its state and the
+/// metadata blocks it marks.
+fn sum_text(sum: &Summary, sb: &Superblock, out: &mut dyn Write) {
+    let l = &sb.layout;
+    let _ = writeln!(
+        out,
+        "summary ({} {} from sector {}): {} of {} metadata blocks marked",
+        l.sum_blocks,
+        plural(l.sum_blocks, "block", "blocks"),
+        l.sum_start,
+        sum.marked(),
+        sum.meta_blocks
+    );
+    for b in &sum.blocks {
+        let n = b.covers(sum.meta_blocks);
+        let first = b.first_mblock();
+        let what = match b.state {
+            SumState::Ok => {
+                let runs = marked_runs(b, sum.meta_blocks);
+                let marked: u64 = runs.iter().map(|(a, z)| z - a + 1).sum();
+                if marked == 0 {
+                    "valid, none marked".to_string()
+                } else {
+                    format!("valid, {marked} marked: {}", runs_text(&runs))
+                }
+            }
+            st => st.describe().to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "  block {} (metadata blocks {first}-{}): {what}",
+            b.index,
+            first + n.max(1) - 1
+        );
     }
 }
 
@@ -566,11 +834,19 @@ pub fn dump_dev(dev: &dyn ReadAt, json: bool, all: bool, out: &mut dyn Write) ->
     if !sbr.entries_readable() {
         return Err(problem.unwrap());
     }
+    // A summary beyond the end of the device is left out (the problem
+    // says so at the end), as the data area is.
+    let sum = if sbr.summary_readable() {
+        disk::read_summary(dev, sb)?
+    } else {
+        None
+    };
     if json {
         let head = serde_json::json!({
             "device": name,
             "superblock_state": sbr.state,
             "superblock": sb_json(sb),
+            "summary": sum.as_ref().map(sum_json),
         });
         let head = serde_json::to_string_pretty(&head).unwrap();
         // Stream the entries: a large cache has millions.
@@ -596,6 +872,15 @@ pub fn dump_dev(dev: &dyn ReadAt, json: bool, all: bool, out: &mut dyn Write) ->
             ("nr_slots", l.nr_slots.to_string()),
             ("meta_start", l.meta_start.to_string()),
             ("meta_blocks", l.meta_blocks.to_string()),
+            ("sum_start", l.sum_start.to_string()),
+            (
+                "sum_blocks",
+                if sb.has_summary() {
+                    l.sum_blocks.to_string()
+                } else {
+                    format!("0 (format version {}: no summary)", sb.version)
+                },
+            ),
             ("data_start", l.data_start.to_string()),
             ("origin_sectors", sb.origin_sectors.to_string()),
             ("uuid", sb.uuid.clone()),
@@ -609,6 +894,9 @@ pub fn dump_dev(dev: &dyn ReadAt, json: bool, all: bool, out: &mut dyn Write) ->
             ),
         ] {
             let _ = writeln!(out, "  {k:<15} {v}");
+        }
+        if let Some(sum) = &sum {
+            sum_text(sum, sb, out);
         }
         let _ = writeln!(
             out,
@@ -811,32 +1099,36 @@ fn epochs_note(plan: &[EpochPlan]) -> String {
     }
 }
 
+/// The runs of consecutive numbers of an ascending `v`, first and last:
+/// 3, 4, 5, 9 gives (3, 5), (9, 9).
+fn runs_of(v: impl Iterator<Item = u64>) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = vec![];
+    for x in v {
+        match out.last_mut() {
+            Some((_, b)) if x == *b + 1 => *b = x,
+            _ => out.push((x, x)),
+        }
+    }
+    out
+}
+
 /// "3-7, 9, 12-13".
 fn ranges(v: impl Iterator<Item = u64>) -> String {
-    let mut out: Vec<String> = vec![];
-    let mut cur: Option<(u64, u64)> = None;
-    for x in v {
-        cur = match cur {
-            Some((a, b)) if x == b + 1 => Some((a, x)),
-            Some((a, b)) => {
-                out.push(if a == b {
-                    a.to_string()
-                } else {
-                    format!("{a}-{b}")
-                });
-                Some((x, x))
+    runs_text(&runs_of(v))
+}
+
+/// Runs as `ranges` writes them.
+fn runs_text(runs: &[(u64, u64)]) -> String {
+    runs.iter()
+        .map(|&(a, b)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
             }
-            None => Some((x, x)),
-        };
-    }
-    if let Some((a, b)) = cur {
-        out.push(if a == b {
-            a.to_string()
-        } else {
-            format!("{a}-{b}")
-        });
-    }
-    out.join(", ")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Read the data of a run's slots (consecutive slots in one read).

@@ -50,6 +50,17 @@ fn sb(commit_seq: u64) -> Superblock {
     }
 }
 
+/// `sb(commit_seq)` of format `version`, in the layout of that version
+/// (versions 1 to 3: no summary; 1: generation 0).
+fn sb_v(commit_seq: u64, version: u32) -> Superblock {
+    Superblock {
+        layout: disk::layout_v(CACHE_SECTORS, 8, version).unwrap(),
+        version,
+        generation: if version == 1 { 0 } else { G },
+        ..sb(commit_seq)
+    }
+}
+
 /// Slot data: every byte is the origin block number + 1 (mod 256), so a
 /// written block can be told from the origin's own content (0xee).
 fn fill(block: u64) -> u8 {
@@ -98,7 +109,7 @@ fn check_consistent_image() {
     let (out, r) = run_check(&p);
     r.unwrap();
     for needle in [
-        "tiercache metadata, format version 3\n",
+        "tiercache metadata, format version 4\n",
         "uuid:        TIERCACHE-t",
         "origin:      8 MiB (16384 sectors, 2048 blocks)",
         "commit seq:  7",
@@ -107,6 +118,8 @@ fn check_consistent_image() {
         "4 dirty (16 KiB), 1 clean, 1 uncommitted (ignored), 0 corrupt",
         "free slots:  ",
         " empty, 0 foreign (of another format generation, or leftover bytes: free, not errors)",
+        // Slots 0-10 are all in metadata block 0 (dirty 500 uncommitted too).
+        "  summary:     1 of 8 metadata blocks marked, 1 with dirty entries (1 summary block from sector 72)\n",
         "result:      consistent",
     ] {
         assert!(out.contains(needle), "missing '{needle}' in\n{out}");
@@ -121,9 +134,16 @@ fn check_consistent_image() {
     assert_eq!(v["counts"]["uncommitted"], 1);
     assert_eq!(v["superblock"]["commit_seq"], 7);
     assert_eq!(v["superblock"]["uuid"], "TIERCACHE-t");
-    assert_eq!(v["superblock"]["version"], 3);
+    assert_eq!(v["superblock"]["version"], 4);
     assert_eq!(v["superblock"]["generation"], G);
     assert_eq!(v["counts"]["foreign"], 0);
+    assert_eq!(v["superblock"]["layout"]["sum_start"], 72);
+    assert_eq!(v["superblock"]["layout"]["sum_blocks"], 1);
+    assert_eq!(
+        v["summary"],
+        serde_json::json!({"start": 72, "blocks": 1, "meta_blocks": 8, "marked": 1,
+            "dirty_meta_blocks": 1, "damaged": [], "unmarked": []})
+    );
 }
 
 #[test]
@@ -159,7 +179,7 @@ fn check_exit_codes_per_corruption() {
     let mut img = image();
     let v = std::mem::offset_of!(ffi::tc_disk_sb, version);
     let c = std::mem::offset_of!(ffi::tc_disk_sb, csum);
-    img[v..v + 4].copy_from_slice(&4u32.to_le_bytes());
+    img[v..v + 4].copy_from_slice(&5u32.to_le_bytes());
     img[c..c + 4].fill(0);
     let crc = disk::crc(&img[..disk::SB_BYTES]);
     img[c..c + 4].copy_from_slice(&crc.to_le_bytes());
@@ -296,9 +316,23 @@ fn dump_text_and_json() {
     dump(&p, false, false, &mut o, &mut vec![]).unwrap();
     let t = String::from_utf8(o).unwrap();
     assert!(t.contains("  commit_seq      7\n"), "{t}");
-    assert!(t.contains("  version         3\n"), "{t}");
+    assert!(t.contains("  version         4\n"), "{t}");
     assert!(t.contains("  generation      0x5eed0007\n"), "{t}");
     assert!(t.contains("  uuid            TIERCACHE-t\n"), "{t}");
+    // The layout, with the summary between the entries and the data, and
+    // what the summary marks.
+    assert!(
+        t.contains(
+            "  meta_blocks     8\n  sum_start       72\n  sum_blocks      1\n  data_start      80\n"
+        ),
+        "{t}"
+    );
+    assert!(
+        t.contains(
+            "summary (1 block from sector 72): 1 of 8 metadata blocks marked\n  block 0 (metadata blocks 0-7): valid, 1 marked: 0\nentries"
+        ),
+        "{t}"
+    );
     let rows: Vec<&str> = t
         .lines()
         .skip_while(|l| !l.contains("SLOT"))
@@ -326,6 +360,18 @@ fn dump_text_and_json() {
     assert_eq!(v["superblock"]["magic"], "TIERCACH");
     assert_eq!(v["superblock"]["generation"], G);
     assert_eq!(v["superblock"]["nr_slots"], sb(7).layout.nr_slots);
+    assert_eq!(
+        (
+            &v["superblock"]["sum_start"],
+            &v["superblock"]["sum_blocks"]
+        ),
+        (&serde_json::json!(72), &serde_json::json!(1))
+    );
+    assert_eq!(
+        v["summary"],
+        serde_json::json!({"meta_blocks": 8, "marked": 1, "blocks": [
+            {"index": 0, "state": "ok", "meta_blocks": 8, "marked": 1, "runs": [[0, 0]]}]})
+    );
     let es = v["entries"].as_array().unwrap();
     assert_eq!(es.len(), 6);
     assert_eq!(es[1]["slot"], 1);
@@ -776,12 +822,7 @@ fn writeback_of_a_failed_cache_needs_force() {
 /// The image of `image()` as the version 1 code wrote it: version 1,
 /// no generation (the entries' last word zero).
 fn v1_image() -> Vec<u8> {
-    let v1 = Superblock {
-        version: 1,
-        generation: 0,
-        ..sb(7)
-    };
-    build_image(&v1, CACHE_SECTORS, &entries(), fill)
+    build_image(&sb_v(7, 1), CACHE_SECTORS, &entries(), fill)
 }
 
 #[test]
@@ -879,8 +920,28 @@ fn previous_generation_entry_reads_as_empty() {
     img[o..o + 32].copy_from_slice(&disk::encode_entry(30, 99, true, 1, G, 0));
     let d30 = new.layout.slot_offset(30) as usize;
     img[d30..d30 + 4096].fill(fill(99));
+    // The old generation's summary block, left under the new one, reads
+    // as bad (a format writes every summary block in its generation): it
+    // marks all its metadata blocks, a warning, not an error...
     let d = TempDir::new("oldgen");
+    let (out, r) = run_check(&d.file("oldsum.img", &img));
+    r.unwrap();
+    for needle in [
+        "  summary:     8 of 8 metadata blocks marked, 1 with dirty entries (1 summary block from sector 72)\n",
+        "  warning:     summary block 0 torn, damaged or not of this format: its 8 metadata blocks read as marked\n",
+    ] {
+        assert!(out.contains(needle), "missing '{needle}' in\n{out}");
+    }
+    // ... and the new format's own, the new dirty entry's metadata block
+    // marked by the module before writing it, is valid.
+    disk::write_summary(&mut img, &new, &[0]);
     let p = d.file("cache.img", &img);
+    let (out, r) = run_check(&p);
+    r.unwrap();
+    assert!(
+        !out.contains("warning:") && !out.contains("unmarked:"),
+        "{out}"
+    );
     let mut o = vec![];
     check(&p, true, &mut o, &mut vec![]).unwrap();
     let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
@@ -1224,10 +1285,7 @@ fn check_applies_the_version_chain_rule() {
 
     // The same chains in a version 2 cache: every epoch 0 there, so any two
     // dirty entries of one block are a duplicate, as before.
-    let v2 = Superblock {
-        version: disk::VERSION_V2,
-        ..sb(7)
-    };
+    let v2 = sb_v(7, disk::VERSION_V2);
     let es: Vec<(u64, u64, bool, u64)> = chain_entries()
         .iter()
         .map(|&(s, b, d, q, _)| (s, b, d, q))
@@ -1436,10 +1494,7 @@ fn dump_shows_the_epochs() {
     assert!(es[5]["epoch"].is_null());
 
     // Epoch bits in a version 2 cache: invalid flags, shown with no epoch.
-    let v2 = Superblock {
-        version: disk::VERSION_V2,
-        ..sb(7)
-    };
+    let v2 = sb_v(7, disk::VERSION_V2);
     let mut img = epoch_image();
     img[..disk::SB_BYTES].copy_from_slice(&disk::encode_sb(&v2));
     let p = d.file("v2.img", &img);
@@ -1460,10 +1515,7 @@ fn dump_shows_the_epochs() {
 
 #[test]
 fn writeback_of_a_version_2_cache_lists_no_epochs() {
-    let v2 = Superblock {
-        version: disk::VERSION_V2,
-        ..sb(7)
-    };
+    let v2 = sb_v(7, disk::VERSION_V2);
     let d = TempDir::new("wbv2");
     let cache = d.file(
         "cache.img",
@@ -1514,4 +1566,278 @@ fn runs_merge_adjacent_blocks_up_to_the_limit() {
         .collect();
     assert_eq!(firsts, vec![(1, 3), (4, 2), (9, 2)]);
     assert_eq!(ranges([1u64, 2, 3, 5, 7, 8].into_iter()), "1-3, 5, 7-8");
+}
+
+// --------------------------------------------------------------------
+// The summary (version 4)
+// --------------------------------------------------------------------
+
+/// Entries in three metadata blocks of 128 entries: dirty block 20 in
+/// slot 300 (metadata block 2), clean 21 in slot 130 (block 1), dirty 22
+/// uncommitted in slot 700 (block 5).  `build_image` marks blocks 2 and 5.
+fn sum_entries() -> Vec<(u64, u64, bool, u64)> {
+    vec![(300, 20, true, 5), (130, 21, false, 5), (700, 22, true, 9)]
+}
+
+fn sum_image() -> Vec<u8> {
+    build_image(&sb(7), CACHE_SECTORS, &sum_entries(), fill)
+}
+
+/// Check an image: the report (JSON) and the error.
+fn check_json(d: &TempDir, name: &str, img: &[u8]) -> (serde_json::Value, Option<Error>) {
+    let p = d.file(name, img);
+    let mut o = vec![];
+    let r = check(&p, true, &mut o, &mut vec![]);
+    (serde_json::from_slice(&o).unwrap(), r.err())
+}
+
+#[test]
+fn check_accepts_a_summary_that_marks_the_dirty_blocks() {
+    assert_eq!(disk::entries_per_mblock(), 128);
+    let d = TempDir::new("sumok");
+    let p = d.file("cache.img", &sum_image());
+    let (out, r) = run_check(&p);
+    r.unwrap();
+    assert!(
+        out.contains(
+            "  summary:     2 of 8 metadata blocks marked, 2 with dirty entries (1 summary block from sector 72)\n"
+        ),
+        "{out}"
+    );
+    assert!(
+        !out.contains("warning:") && !out.contains("unmarked:"),
+        "{out}"
+    );
+    // More marked than dirty is fine: a bit is "may hold a dirty entry"
+    // (the clean entry's block 1, block 7 with nothing).
+    let mut img = sum_image();
+    disk::write_summary(&mut img, &sb(7), &[1, 2, 5, 7]);
+    let (v, e) = check_json(&d, "more.img", &img);
+    assert!(e.is_none(), "{e:?}");
+    assert_eq!(
+        (
+            &v["result"],
+            &v["summary"]["marked"],
+            &v["summary"]["dirty_meta_blocks"]
+        ),
+        (
+            &serde_json::json!("ok"),
+            &serde_json::json!(4),
+            &serde_json::json!(2)
+        )
+    );
+}
+
+#[test]
+fn check_finds_dirty_blocks_the_summary_does_not_mark() {
+    let d = TempDir::new("sumbad");
+    // Block 2's bit clear (committed dirty entry): an error, exit 13.
+    let mut img = sum_image();
+    disk::write_summary(&mut img, &sb(7), &[5]);
+    let p = d.file("cache.img", &img);
+    let (out, r) = run_check(&p);
+    let e = r.unwrap_err();
+    assert_eq!((e.kind, e.kind.exit_code()), (Kind::BadEntries, 13));
+    assert_eq!(
+        e.msg,
+        format!(
+            "{p}: 1 metadata block holds dirty entries but is not marked in the summary (metadata block 2)"
+        )
+    );
+    assert!(
+        e.hint.as_deref().unwrap().contains("'tiercache writeback'"),
+        "{e:?}"
+    );
+    for needle in [
+        "  summary:     1 of 8 metadata blocks marked, 2 with dirty entries (1 summary block from sector 72)\n",
+        "  unmarked:    metadata block 2 holds 1 dirty entry (the first in slot 300), but its bit in summary block 0 is clear\n",
+        "  result:      DIRTY METADATA BLOCKS NOT MARKED IN THE SUMMARY\n",
+    ] {
+        assert!(out.contains(needle), "missing '{needle}' in\n{out}");
+    }
+    let (v, _) = check_json(&d, "cache.img", &img);
+    assert_eq!(
+        (&v["result"], &v["exit_code"]),
+        (&serde_json::json!("bad_summary"), &serde_json::json!(13))
+    );
+    assert_eq!(
+        v["summary"]["unmarked"],
+        serde_json::json!([{"meta_block": 2, "dirty_entries": 1, "first_slot": 300,
+            "summary_block": 0}])
+    );
+
+    // Block 5's (an uncommitted dirty entry: the rule covers it too).
+    let mut img = sum_image();
+    disk::write_summary(&mut img, &sb(7), &[2]);
+    let (v, e) = check_json(&d, "uncommitted.img", &img);
+    assert_eq!(e.unwrap().kind, Kind::BadEntries);
+    assert_eq!(v["summary"]["unmarked"][0]["meta_block"], 5);
+    assert_eq!(v["summary"]["unmarked"][0]["first_slot"], 700);
+
+    // The summary all clear (as a format writes it): both.
+    let mut img = sum_image();
+    disk::write_summary(&mut img, &sb(7), &[]);
+    let p = d.file("none.img", &img);
+    let (out, r) = run_check(&p);
+    assert!(
+        r.unwrap_err().msg.ends_with(
+            ": 2 metadata blocks hold dirty entries but are not marked in the summary (metadata blocks 2, 5)"
+        )
+    );
+    for needle in [
+        "  summary:     0 of 8 metadata blocks marked, 2 with dirty entries (1 summary block from sector 72)\n",
+        "  unmarked:    metadata block 5 holds 1 dirty entry (the first in slot 700), but its bit in summary block 0 is clear\n",
+    ] {
+        assert!(out.contains(needle), "missing '{needle}' in\n{out}");
+    }
+
+    // The summary block all zero (torn, or never written): bad, it marks
+    // every metadata block of its range, a warning, not an error.
+    let mut zero = sum_image();
+    let o = disk::sum_offset(&sb(7).layout, 0) as usize;
+    zero[o..o + disk::SUM_BYTES].fill(0);
+    let (out, r) = run_check(&d.file("zero.img", &zero));
+    r.unwrap();
+    for needle in [
+        "  summary:     8 of 8 metadata blocks marked, 2 with dirty entries (1 summary block from sector 72)\n",
+        "  warning:     summary block 0 torn, damaged or not of this format: its 8 metadata blocks read as marked\n",
+        "  result:      consistent\n",
+    ] {
+        assert!(out.contains(needle), "missing '{needle}' in\n{out}");
+    }
+    assert!(!out.contains("unmarked:"), "{out}");
+    let (v, e) = check_json(&d, "zero.img", &zero);
+    assert!(e.is_none(), "{e:?}");
+    assert_eq!(
+        (&v["summary"]["damaged"], &v["summary"]["unmarked"]),
+        (
+            &serde_json::json!([{"index": 0, "meta_blocks": 8}]),
+            &serde_json::json!([])
+        )
+    );
+
+    // Corrupt entries come first (same exit code, their own result).
+    let mut img2 = img.clone();
+    img2[entry_off(130) + 3] ^= 0x10;
+    let (v, e) = check_json(&d, "both.img", &img2);
+    assert!(e.unwrap().msg.ends_with(": 1 corrupt entry (slot 130)"));
+    assert_eq!(v["result"], "bad_entries");
+    assert_eq!(v["summary"]["unmarked"].as_array().unwrap().len(), 2);
+
+    // The offline writeback reads every entry: it writes them back all the
+    // same, and then the summary has nothing to mark.
+    let origin = d.file("origin.img", &origin_image());
+    let sum = writeback(&p, &origin, false, false, &mut vec![], &mut vec![]).unwrap();
+    assert_eq!(sum.blocks, 1, "block 20; 22 is uncommitted");
+    assert_eq!(std::fs::read(&origin).unwrap()[20 * 4096], fill(20));
+    let (v, e) = check_json(&d, "after.img", &std::fs::read(&p).unwrap());
+    assert_eq!(
+        e.unwrap().kind,
+        Kind::BadEntries,
+        "the uncommitted entry is left"
+    );
+    assert_eq!(v["summary"]["unmarked"][0]["meta_block"], 5);
+}
+
+#[test]
+fn check_reads_a_torn_summary_block_as_all_marked() {
+    let d = TempDir::new("sumtorn");
+    let mut img = sum_image();
+    // Block 2's bit cleared, then the summary block torn: it reads as
+    // marking all 8 metadata blocks, so nothing is missed.
+    disk::write_summary(&mut img, &sb(7), &[5]);
+    let o = disk::sum_offset(&sb(7).layout, 0) as usize;
+    img[o + 2000] ^= 0x20;
+    let p = d.file("cache.img", &img);
+    let (out, r) = run_check(&p);
+    r.unwrap();
+    for needle in [
+        "  summary:     8 of 8 metadata blocks marked, 2 with dirty entries (1 summary block from sector 72)\n",
+        "  warning:     summary block 0 torn, damaged or not of this format: its 8 metadata blocks read as marked\n",
+        "  result:      consistent\n",
+    ] {
+        assert!(out.contains(needle), "missing '{needle}' in\n{out}");
+    }
+    let (v, e) = check_json(&d, "cache.img", &img);
+    assert!(e.is_none());
+    assert_eq!(
+        v["summary"]["damaged"],
+        serde_json::json!([{"index": 0, "meta_blocks": 8}])
+    );
+    // dump says so too.
+    let mut o = vec![];
+    dump(&p, false, false, &mut o, &mut vec![]).unwrap();
+    let t = String::from_utf8(o).unwrap();
+    assert!(
+        t.contains(
+            "summary (1 block from sector 72): 8 of 8 metadata blocks marked\n  block 0 (metadata blocks 0-7): torn, damaged or not of this format (read as all set)\n"
+        ),
+        "{t}"
+    );
+}
+
+#[test]
+fn the_data_area_starts_after_the_summary() {
+    // Computed here, not by the C layout: the entries, the summary block,
+    // rounded up to the 8-sector block.
+    let l = sb(7).layout;
+    let entries_end = 8 + l.meta_blocks * 8;
+    assert_eq!((l.sum_start, l.sum_blocks), (entries_end, 1));
+    assert_eq!(l.data_start, entries_end + 8);
+    assert_eq!(l.slot_offset(0), l.data_start * 512);
+    // The writeback takes slot 300's data from there: the summary's bytes
+    // are not data.
+    let d = TempDir::new("sumdata");
+    let cache = d.file("cache.img", &sum_image());
+    let origin = d.file("origin.img", &origin_image());
+    writeback(&cache, &origin, false, false, &mut vec![], &mut vec![]).unwrap();
+    let got = std::fs::read(&origin).unwrap();
+    assert!(got[20 * 4096..21 * 4096].iter().all(|&b| b == fill(20)));
+}
+
+#[test]
+fn version_3_image_has_no_summary() {
+    let v3 = sb_v(7, disk::VERSION_V3);
+    let l = v3.layout;
+    assert_eq!((l.sum_start, l.sum_blocks), (0, 0));
+    assert_eq!(l.data_start, 8 + l.meta_blocks * 8);
+    assert_eq!(l.nr_slots, sb(7).layout.nr_slots + 1);
+    let img = build_image(&v3, CACHE_SECTORS, &sum_entries(), fill);
+    assert_eq!(&img[8..12], &3u32.to_le_bytes());
+    let d = TempDir::new("v3");
+    let p = d.file("cache.img", &img);
+    let (out, r) = run_check(&p);
+    r.unwrap();
+    for needle in [
+        "format version 3 (no summary: the module reads every metadata block; a format makes version 4)\n",
+        "  summary:     none in format version 3 (the module reads every metadata block)\n",
+        "  result:      consistent\n",
+    ] {
+        assert!(out.contains(needle), "missing '{needle}' in\n{out}");
+    }
+    let (v, e) = check_json(&d, "cache.img", &img);
+    assert!(e.is_none());
+    assert!(v["summary"].is_null());
+    assert_eq!(v["superblock"]["layout"]["sum_blocks"], 0);
+    // dump: the layout without a summary.
+    let mut o = vec![];
+    dump(&p, false, false, &mut o, &mut vec![]).unwrap();
+    let t = String::from_utf8(o).unwrap();
+    assert!(
+        t.contains("  sum_start       0\n  sum_blocks      0 (format version 3: no summary)\n"),
+        "{t}"
+    );
+    assert!(!t.contains("\nsummary ("), "{t}");
+    let mut o = vec![];
+    dump(&p, true, false, &mut o, &mut vec![]).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert!(v["summary"].is_null());
+    assert_eq!(v["superblock"]["sum_blocks"], 0);
+    // The writeback reads slot 300 at the version 3 data start, and leaves
+    // the superblock at version 3.
+    let origin = d.file("origin.img", &origin_image());
+    writeback(&p, &origin, false, false, &mut vec![], &mut vec![]).unwrap();
+    let got = std::fs::read(&origin).unwrap();
+    assert!(got[20 * 4096..21 * 4096].iter().all(|&b| b == fill(20)));
+    assert_eq!(std::fs::read(&p).unwrap()[..512], img[..512]);
 }

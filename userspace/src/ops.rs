@@ -100,7 +100,7 @@ pub enum MetaAction {
     Load { commit_seq: u64 },
     /// Format the cache (`format` argument); `clear`: zero its superblock
     /// first (one of another geometry, which the module does not format
-    /// over).
+    /// over; the geometry of a superblock is its own version's layout).
     Format { clear: bool },
 }
 
@@ -617,8 +617,11 @@ impl<'a> Ctx<'a> {
         };
         let uuid = uuid_for(name);
         let bb = sb.layout.block_bytes();
-        // The geometry this table gives the device (tc_disk_layout).
-        let slots_now = disk::layout(cache.size_bytes / 512, block_sectors)
+        // The geometry this table gives the device in the superblock's
+        // format version (tc_disk_layout_v): a cache formatted before
+        // version 4 keeps its layout, without a summary, which may hold a
+        // slot more than a new format's; it is loaded as it is.
+        let slots_now = disk::layout_v(cache.size_bytes / 512, block_sectors, sb.version)
             .map(|l| l.nr_slots)
             .unwrap_or(0);
         let same_geometry = sb.layout.nr_slots == slots_now;

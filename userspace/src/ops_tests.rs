@@ -54,6 +54,8 @@ struct Meta {
     generation: u32,
     /// Superblock flags (disk::SB_FAILED).
     flags: u32,
+    /// The format version, in its layout (before 4: no summary).
+    version: u32,
     /// (slot, origin block, dirty, seq)
     entries: Vec<(u64, u64, bool, u64)>,
 }
@@ -69,6 +71,7 @@ impl Meta {
             commit_seq: 10,
             generation: 0x0bad_cafe,
             flags: 0,
+            version: disk::VERSION,
             entries: vec![],
         }
     }
@@ -78,21 +81,24 @@ impl Meta {
         }
         self
     }
-    /// Superblock and entries through the C encoder; the data area is left
-    /// out (the fake device reads zeros there).
+    /// Superblock, entries and summary (version 4: the metadata blocks of
+    /// the dirty entries marked) through the C encoder; the data area is
+    /// left out (the fake device reads zeros there).
     fn bytes(&self) -> Vec<u8> {
-        let layout = disk::layout(self.cache_bytes / 512, self.block_sectors).unwrap();
+        let layout =
+            disk::layout_v(self.cache_bytes / 512, self.block_sectors, self.version).unwrap();
         let sb = disk::Superblock {
             layout,
             commit_seq: self.commit_seq,
             origin_sectors: self.origin_sectors,
             uuid: self.uuid.clone(),
-            version: disk::VERSION,
+            version: self.version,
             generation: self.generation,
             flags: self.flags,
             epoch: 0,
         };
-        let mut v = vec![0u8; (layout.meta_end_sector() * 512) as usize];
+        let end = layout.meta_end_sector().max(layout.sum_end_sector());
+        let mut v = vec![0u8; (end * 512) as usize];
         v[..disk::SB_BYTES].copy_from_slice(&disk::encode_sb(&sb));
         for &(slot, block, dirty, seq) in &self.entries {
             let o = disk::entry_offset(&layout, slot) as usize;
@@ -105,6 +111,14 @@ impl Meta {
                 0,
             ));
         }
+        let per = disk::entries_per_mblock();
+        let dirty: Vec<u64> = self
+            .entries
+            .iter()
+            .filter(|e| e.2)
+            .map(|e| e.0 / per)
+            .collect();
+        disk::write_summary(&mut v, &sb, &dirty);
         v
     }
 }
@@ -244,7 +258,7 @@ fn create_refusals() {
     assert_eq!(e.kind, Kind::Usage);
     assert!(
         e.msg
-            .contains("holds 6 blocks of 4 KiB beside its metadata, at least 16"),
+            .contains("holds 5 blocks of 4 KiB beside its metadata, at least 16"),
         "{}",
         e.msg
     );
@@ -2033,6 +2047,46 @@ fn matching_cache_is_loaded_not_formatted() {
 }
 
 #[test]
+fn version_3_cache_keeps_its_geometry() {
+    // A cache formatted before the summary: its layout holds a slot more
+    // on this device than a new format's.
+    let v3 = disk::layout_v(FAST / 512, 8, disk::VERSION_V3).unwrap();
+    let v4 = disk::layout(FAST / 512, 8).unwrap();
+    assert_eq!((v3.nr_slots, v4.nr_slots), (16256, 16255));
+    let t = T::new();
+    let old = |m: Meta| Meta {
+        version: disk::VERSION_V3,
+        ..m
+    };
+    // Same geometry in its own version: loaded as it is, dirty data kept.
+    t.image("/dev/fast", &old(Meta::new("c", FAST, SLOW).dirty(3)));
+    assert_eq!(sb_of(&t, "/dev/fast").version, disk::VERSION_V3);
+    assert_eq!(
+        create_line(&t, false).unwrap(),
+        "load c 0 524288 tiercache 8:16 8:32 8 0"
+    );
+    assert!(t.host.cleared.borrow().is_empty());
+    // --format with its dirty data: refused as for any cache.
+    assert_eq!(create_line(&t, true).unwrap_err().kind, Kind::Dirty);
+    // Clean, --format: the module formats over a superblock of this
+    // device in its own version's layout, and writes version 4; nothing
+    // is cleared (the next generation keeps its order).
+    t.image("/dev/fast", &old(Meta::new("c", FAST, SLOW)));
+    assert!(create_line(&t, true).unwrap().ends_with("8 1 format"));
+    assert!(t.host.cleared.borrow().is_empty());
+    // A version 3 cache of a smaller device: counted in its own layout.
+    t.image("/dev/fast", &old(Meta::new("c", FAST / 2, SLOW)));
+    let e = create_line(&t, false).unwrap_err();
+    assert_eq!(e.kind, Kind::Busy);
+    assert!(
+        e.msg
+            .contains("it was formatted for 8127 slots, the device now holds 16256"),
+        "{}",
+        e.msg
+    );
+}
+
+#[test]
 fn format_option() {
     let t = T::new();
     // Clean: --format formats.
@@ -2128,7 +2182,7 @@ fn cache_of_another_setup_is_refused() {
     assert_eq!(e.kind, Kind::Busy);
     assert!(
         e.msg
-            .contains("it was formatted for 8127 slots, the device now holds 16256"),
+            .contains("it was formatted for 8126 slots, the device now holds 16255"),
         "{}",
         e.msg
     );
