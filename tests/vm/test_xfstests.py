@@ -69,6 +69,36 @@ def xfstests_copy():
     return dst
 
 
+def snapshot_processes(what):
+    """Into the kernel log: the processes a slow test is made of (state,
+    kernel wait channel, command), so that a timeout says where it was."""
+    p = subprocess.run(["ps", "-eo", "pid,stat,etimes,wchan:24,args", "--sort=pid"],
+                       capture_output=True, text=True)
+    keep = [ln for ln in p.stdout.splitlines()[1:]
+            if re.search(r"\bD\b|fsx|fsstress|mkfs|dmsetup|mount|replay-log|fsck|"
+                         r"xfs_io|\bdd\b|check|md5sum", ln)]
+    for ln in keep[:40]:
+        tclib.kmsg(f"xfstests {what}: {ln[:200]}")
+
+
+def run_watched(cmd, env, cwd, limit, what, every=300):
+    """subprocess.run(cmd) with its output captured and a deadline, and a
+    snapshot of its processes every @every seconds in the kernel log."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=env, cwd=cwd, stdin=subprocess.DEVNULL) as proc:
+        t0 = time.monotonic()
+        while True:
+            try:
+                out, err = proc.communicate(timeout=every)
+                return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+            except subprocess.TimeoutExpired:
+                if time.monotonic() - t0 > limit:
+                    proc.kill()
+                    proc.communicate()
+                    raise
+                snapshot_processes(f"{what} at {time.monotonic() - t0:.0f}s")
+
+
 def run_list(config, test_dev, scratch_dev, logw_dev, tcs=()):
     x = xfstests_copy()
     base = RES / f"xfstests-{config}"
@@ -86,9 +116,8 @@ def run_list(config, test_dev, scratch_dev, logw_dev, tcs=()):
     for t in TESTS:
         t0 = time.monotonic()
         try:
-            p = subprocess.run(["timeout", "-k", "30", str(PER_TEST), "./check", t],
-                               capture_output=True, text=True, env=env, cwd=str(x),
-                               stdin=subprocess.DEVNULL, timeout=PER_TEST + 120)
+            p = run_watched(["timeout", "-k", "30", str(PER_TEST), "./check", t],
+                            env, str(x), PER_TEST + 120, t)
         except subprocess.TimeoutExpired:
             pytest.fail(f"{config} {t}: ./check did not end {PER_TEST + 120}s after "
                         "its start (stuck in the kernel?)", pytrace=False)
@@ -151,10 +180,12 @@ def test_xfstests_tiercache(stack):
     for tc in (t, s):
         st = tc.status()
         tclib.log(f"{tc.name} at the end: {st['raw']}")
-    # the conditions the comparison is about did happen
+    # the conditions the comparison is about did happen (over the whole
+    # list: a subset may not fill a cache)
     sts = [tc.status() for tc in (t, s)]
-    assert any(st["write_bypass"] > 0 for st in sts), "no write went around a cache"
-    assert all(st["wb_blocks"] > 0 for st in sts), "no writeback on a cache"
+    if TESTS is LIST:
+        assert any(st["write_bypass"] > 0 for st in sts), "no write went around a cache"
+        assert all(st["wb_blocks"] > 0 for st in sts), "no writeback on a cache"
     t.flush()
     s.flush()
 
