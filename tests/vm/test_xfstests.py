@@ -74,10 +74,11 @@ def snapshot_processes(what):
     kernel wait channel, command), so that a timeout says where it was."""
     p = subprocess.run(["ps", "-eo", "pid,stat,etimes,wchan:24,args", "--sort=pid"],
                        capture_output=True, text=True)
+    # user processes (kernel threads show as [name]) and any in D state
     keep = [ln for ln in p.stdout.splitlines()[1:]
-            if re.search(r"\bD\b|fsx|fsstress|mkfs|dmsetup|mount|replay-log|fsck|"
-                         r"xfs_io|\bdd\b|check|md5sum", ln)]
-    for ln in keep[:40]:
+            if not re.search(r"\s\[[^]]+\]$", ln) or re.search(r"^\s*\d+ D", ln)]
+    keep = [ln for ln in keep if not re.search(r"pytest|ps -eo|systemd|udevd|agetty", ln)]
+    for ln in keep[:60]:
         tclib.kmsg(f"xfstests {what}: {ln[:200]}")
 
 
