@@ -46,6 +46,8 @@ generic/029 generic/030
 generic/455 generic/482
 """.split()
 TESTS = os.environ.get("TC_XFSTESTS_LIST", "").split() or LIST
+# "udevadm wait" with a deadline (tests/xfstests/bin/udevadm)
+UDEVADM_DIR = Path(__file__).resolve().parents[1] / "xfstests" / "bin"
 PER_TEST = int(os.environ.get("TC_XFSTESTS_TIMEOUT", "900"))
 DISK_MIB = int(os.environ.get("TC_XFS_DISK_MIB", "768"))
 CACHE_MIB = int(os.environ.get("TC_XFS_CACHE_MIB", "64"))
@@ -112,7 +114,7 @@ def run_list(config, test_dev, scratch_dev, logw_dev, tcs=()):
     env = dict(tclib.ENV, FSTYP="ext4", TEST_DEV=test_dev, TEST_DIR=str(tdir),
                SCRATCH_DEV=scratch_dev, SCRATCH_MNT=str(smnt),
                LOGWRITES_DEV=logw_dev, RESULT_BASE=str(base),
-               PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+               PATH=f"{UDEVADM_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
     res, det = RESULTS.setdefault(config, {}), DETAILS.setdefault(config, {})
     for t in TESTS:
         t0 = time.monotonic()
