@@ -858,7 +858,8 @@ struct tc_meta_load {
 	unsigned int nr_bad;
 	unsigned int nr_dirty;
 	unsigned int nr_stale;
-	u64 nr_read;		/* metadata blocks read */
+	u64 nr_read;		/* metadata blocks read and loaded */
+	u64 nr_gap;		/* ... read through between them */
 };
 
 static void tc_meta_report(struct tc_cache *c, u32 slot, enum tc_de_result r,
@@ -987,6 +988,10 @@ static int tc_meta_load_entries(struct tc_cache *c, char **error)
 		for (mb = start; mb < end; mb++) {
 			void *blk = tc_meta_mblock(m->bounce, mb - start);
 
+			if (!tc_msum_marked(m, mb)) {
+				ld.nr_gap++;	/* read through, not loaded */
+				continue;
+			}
 			r = tc_meta_load_block(c, mb, blk, &ld);
 			if (r)
 				return r;
@@ -1001,9 +1006,9 @@ static int tc_meta_load_entries(struct tc_cache *c, char **error)
 		return -EUCLEAN;
 	}
 	m->any_changed |= ld.nr_stale;
-	DMINFO("%s: loaded %u dirty blocks (commit %llu), ignored %u uncommitted entries; read %llu of %llu metadata blocks",
+	DMINFO("%s: loaded %u dirty blocks (commit %llu), ignored %u uncommitted entries; read %llu of %llu metadata blocks (and %llu between them)",
 	       c->name, ld.nr_dirty, m->committed_seq, ld.nr_stale,
-	       ld.nr_read, m->layout.meta_blocks);
+	       ld.nr_read, m->layout.meta_blocks, ld.nr_gap);
 	return 0;
 unreadable:
 	*error = "Cannot read the cache metadata";
@@ -1113,7 +1118,8 @@ static int tc_meta_count_marked(struct tc_cache *c, const struct tc_sb_info *i,
 		last = min_t(u64, end * TC_ENTRIES_PER_MBLOCK,
 			     m->layout.nr_slots);
 		for (; s < last && !r; s++)
-			if (tc_de_decode(buf + s - start * TC_ENTRIES_PER_MBLOCK,
+			if (tc_msum_marked(m, s / TC_ENTRIES_PER_MBLOCK) &&
+			    tc_de_decode(buf + s - start * TC_ENTRIES_PER_MBLOCK,
 					 s, U64_MAX, i->commit_seq, i->gen,
 					 i->version, &info) == TC_DE_DIRTY_OK)
 				(*dirty)++;

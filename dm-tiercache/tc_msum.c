@@ -34,6 +34,9 @@
 
 #include "tiercache.h"
 
+/* unmarked metadata blocks a load reads through rather than seek over */
+#define TC_MSUM_BRIDGE	32
+
 static unsigned long *tc_msum_bitmap(u64 bits)
 {
 	return tc_bigalloc(BITS_TO_LONGS(bits), sizeof(unsigned long),
@@ -265,21 +268,34 @@ int tc_msum_load(struct tc_cache *c, u32 gen)
 
 /*
  * The next run of metadata blocks a load reads, from @mb: [*start, end),
- * at most @max blocks.  Returns end, or meta_blocks with *start too when
- * nothing is left.  Without a summary, every block.
+ * at most @max blocks, from a marked block to the end of a marked one.
+ * Gaps of at most TC_MSUM_BRIDGE unmarked blocks are read through (the
+ * caller skips their entries): dirty slots spread over the cache mark
+ * most blocks in short runs, and one read of a few blocks more costs
+ * less than a read per run.  Returns end, or meta_blocks with *start too
+ * when nothing is left.  Without a summary, every block.
  */
 u64 tc_msum_next_run(struct tc_meta *m, u64 mb, u64 max, u64 *start)
 {
-	u64 n = m->layout.meta_blocks;
+	u64 n = m->layout.meta_blocks, end, next;
 
-	if (m->layout.sum_blocks)
-		mb = find_next_bit(m->sum, n, mb);
+	if (!m->layout.sum_blocks) {
+		*start = mb;
+		return min(n, mb + max);
+	}
+	mb = find_next_bit(m->sum, n, mb);
 	*start = mb;
 	if (mb >= n)
 		return n;
-	if (m->layout.sum_blocks)
-		n = find_next_zero_bit(m->sum, n, mb);
-	return min(n, mb + max);
+	end = find_next_zero_bit(m->sum, n, mb);
+	while (end < n && end - mb < max) {
+		next = find_next_bit(m->sum, n, end);
+		if (next >= n || next - end > TC_MSUM_BRIDGE ||
+		    next - mb >= max)
+			break;
+		end = find_next_zero_bit(m->sum, n, next);
+	}
+	return min(end, mb + max);
 }
 
 /*
