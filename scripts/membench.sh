@@ -19,9 +19,11 @@
 #            by tens of MiB with fio itself: too coarse for this); "full"
 #            adds the two: the memory of a cache with every slot used;
 #   load     a cache device on a sparse file in the guest's tmpfs (real
-#            metadata, read back): created, LOAD_DIRTY random 4 KiB writes
-#            made dirty, removed, and created again from its metadata
-#            (without "format"): the seconds of that second create.
+#            metadata, read back): created, N random 4 KiB writes made
+#            dirty (for each N of LOAD_DIRTY), removed, and created again
+#            from its metadata (without "format"): the seconds of that
+#            second create, and for tiercache the metadata blocks its load
+#            read (format version 4 reads only those its summary marks).
 # A target that cannot be built at a size prints why (the kernel's last
 # line).  Figures are of one boot under emulation: compare the columns.
 set -euo pipefail
@@ -35,14 +37,16 @@ FILL_BLOCKS=${FILL_BLOCKS:-262144}
 WC_MAX_GIB=${WC_MAX_GIB:-256}
 # PARTS: "mem load" (both tables), or one of them
 PARTS=${PARTS:-mem load}
-LOAD_DIRTY=${LOAD_DIRTY:-65536}
+LOAD_DIRTY=${LOAD_DIRTY:-0 65536 262144}
+# TARGETS: "tiercache writecache" (both), or one of them
+TARGETS=${TARGETS:-tiercache writecache}
 MEMORY=${MEMORY:-6G}
 
 # shellcheck source=lib.sh
 . "$REPO/scripts/lib.sh"
 
 if [ "${1:-}" != "--inside" ]; then
-	tc_bench_vm "$MEMORY" "SIZES_GIB='$SIZES_GIB' FILL_BLOCKS=$FILL_BLOCKS LOAD_DIRTY=$LOAD_DIRTY WC_MAX_GIB=$WC_MAX_GIB PARTS='$PARTS'" "$0"
+	tc_bench_vm "$MEMORY" "SIZES_GIB='$SIZES_GIB' FILL_BLOCKS=$FILL_BLOCKS LOAD_DIRTY='$LOAD_DIRTY' WC_MAX_GIB=$WC_MAX_GIB PARTS='$PARTS' TARGETS='$TARGETS' TIERCACHE_KO='${TIERCACHE_KO:-}'" "$0"
 	exit 0
 fi
 
@@ -192,9 +196,15 @@ mem_row() {	# TARGET GIB
 	nullb_del mbc
 }
 
+# "K/N": the metadata blocks the last tiercache load read, of all
+blocks_read() {
+	{ dmesg | grep -o 'read [0-9]* of [0-9]* metadata blocks' || true; } |
+		tail -n 1 | awk '{ print $2 "/" $4 }'
+}
+
 # load time from real (sparse) metadata
-load_row() {	# TARGET GIB
-	local t=$1 gib=$2 o c f secs dirty
+load_row() {	# TARGET GIB DIRTY
+	local t=$1 gib=$2 n=$3 o c f secs dirty nread=-
 	if [ "$t" = writecache ] && [ "$gib" -gt "$WC_MAX_GIB" ]; then
 		printf '%-10s %6s %s\n' "$t" "${gib}G" "not tried (WC_MAX_GIB)"
 		return
@@ -206,14 +216,18 @@ load_row() {	# TARGET GIB
 	if ! timed_create "$(table "$t" "$o" "$c")" >/dev/null; then
 		printf '%-10s %6s %s\n' "$t" "${gib}G" "create refused: $(why)"
 	else
-		random_writes /dev/mapper/mb-tc "$LOAD_DIRTY" 11
+		[ "$n" -eq 0 ] || random_writes /dev/mapper/mb-tc "$n" 11
 		case $t in
 		tiercache) dirty=$(dmsetup status mb-tc | awk '{ print $7 }') ;;
 		writecache) dirty=$(used "$t") ;;
 		esac
 		remove_tc
 		if secs=$(timed_create "$(table "$t" "$o" "$c" load)"); then
-			printf '%-10s %6s %10s %12s\n' "$t" "${gib}G" "$secs" "$dirty"
+			if [ "$t" = tiercache ]; then
+				nread=$(blocks_read)
+			fi
+			printf '%-10s %6s %10s %12s %22s\n' "$t" "${gib}G" "$secs" \
+				"$dirty" "$nread"
 			remove_tc
 		else
 			printf '%-10s %6s %s\n' "$t" "${gib}G" "load refused: $(why)"
@@ -228,18 +242,20 @@ if [[ " $PARTS " == *" mem "* ]]; then
 	echo "memory per slot (4 KiB slots; origin 16x the cache; $FILL_BLOCKS random writes fill)"
 	printf '%-10s %6s %12s %10s %12s %12s %10s\n' target cache slots "B/slot" "B/used slot" "B/slot full" "create s"
 	for gib in $SIZES_GIB; do
-		for t in tiercache writecache; do
+		for t in $TARGETS; do
 			mem_row "$t" "$gib"
 		done
 	done
 	echo
 fi
 if [[ " $PARTS " == *" load "* ]]; then
-	echo "load from the cache device's metadata (sparse file in tmpfs; $LOAD_DIRTY random writes before)"
-	printf '%-10s %6s %10s %12s\n' target cache "load s" "dirty"
+	echo "load from the cache device's metadata (sparse file in tmpfs; random writes before: $LOAD_DIRTY)"
+	printf '%-10s %6s %10s %12s %22s\n' target cache "load s" "dirty" "metadata blocks read"
 	for gib in $SIZES_GIB; do
-		for t in tiercache writecache; do
-			load_row "$t" "$gib"
+		for n in $LOAD_DIRTY; do
+			for t in $TARGETS; do
+				load_row "$t" "$gib" "$n"
+			done
 		done
 	done
 fi
