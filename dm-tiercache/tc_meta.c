@@ -674,7 +674,8 @@ static void tc_meta_timer_work(struct work_struct *w)
 
 /* ---- open: format or load ---- */
 
-static unsigned long *tc_bitmap_alloc(u64 bits)
+/* A zeroed bitmap of @bits bits, from vmalloc if large (tc_bigalloc()). */
+unsigned long *tc_bitmap_alloc(u64 bits)
 {
 	return tc_bigalloc(BITS_TO_LONGS(bits), sizeof(unsigned long),
 			   GFP_KERNEL | __GFP_ZERO);

@@ -37,22 +37,16 @@
 /* unmarked metadata blocks a load reads through rather than seek over */
 #define TC_MSUM_BRIDGE	32
 
-static unsigned long *tc_msum_bitmap(u64 bits)
-{
-	return tc_bigalloc(BITS_TO_LONGS(bits), sizeof(unsigned long),
-			   GFP_KERNEL | __GFP_ZERO);
-}
-
 int tc_msum_alloc(struct tc_meta *m)
 {
 	u64 n = m->layout.meta_blocks;
 
 	if (!m->layout.sum_blocks)
 		return 0;
-	m->sum = tc_msum_bitmap(n);
-	m->sum_clear = tc_msum_bitmap(n);
-	m->sum_nodirty = tc_msum_bitmap(n);
-	m->sum_write = tc_msum_bitmap(m->layout.sum_blocks);
+	m->sum = tc_bitmap_alloc(n);
+	m->sum_clear = tc_bitmap_alloc(n);
+	m->sum_nodirty = tc_bitmap_alloc(n);
+	m->sum_write = tc_bitmap_alloc(m->layout.sum_blocks);
 	if (!m->sum || !m->sum_clear || !m->sum_nodirty || !m->sum_write)
 		return -ENOMEM;
 	return 0;

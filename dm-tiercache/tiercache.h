@@ -404,6 +404,7 @@ static inline unsigned int tc_block_bytes(struct tc_cache *c)
 void tc_meta_init(struct tc_cache *c);
 int tc_meta_read_sb(struct tc_cache *c, struct tc_target *t, char **error);
 int tc_meta_open(struct tc_cache *c, struct tc_target *t, char **error);
+unsigned long *tc_bitmap_alloc(u64 bits);
 int tc_meta_rw(struct tc_cache *c, void *buf, sector_t sector,
 	       size_t bytes, blk_opf_t opf);
 
