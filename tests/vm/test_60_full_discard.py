@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+import tcdisk
 import tclib
 from tclib import KiB, MiB, stat_delta
 
@@ -14,10 +15,18 @@ pytestmark = [pytest.mark.module, pytest.mark.usefixtures("tc_module")]
 B = 4096
 
 
+def cache_bytes_for(slots):
+    """The smallest cache device (whole blocks) that formats to @slots."""
+    nb = slots
+    while tcdisk.layout(nb * B // 512)[0] < slots:
+        nb += 1
+    return nb * B
+
+
 def test_cache_full_writes_go_around(stack):
     """64 slots, 1024 distinct blocks written: writes go around the cache."""
     origin = stack.slow(32 * MiB, write_ms=20)
-    cache = stack.ram(66 * B)                  # 64 slots after the metadata
+    cache = stack.ram(cache_bytes_for(64))
     m = tclib.seeded_origin(origin.path, seed=121)
     tc = stack.tiercache(origin.path, cache, 8, "writeback")
     assert tc.status()["total"] == 64
