@@ -297,6 +297,38 @@ static bool tc_stale_clean(struct tc_cache *c, u32 slot)
 	       tc_meta_disk_dirty(c, slot);
 }
 
+/*
+ * A write hit while writes do not make blocks dirty (the cleaner, a table
+ * being loaded, writethrough): it reaches the origin, so it waits for the
+ * epochs before it, as a write around the cache does.  A dirty version of
+ * an older epoch than the open one must not take its data either: that
+ * version is its epoch's, and would carry the write to the origin with
+ * it.  The write then belongs to the open epoch (it was not acknowledged
+ * before the flushes that opened it), and waits for every older one.
+ */
+static enum tc_action tc_write_hit_through(struct tc_cache *c,
+					   struct bio *bio, struct tc_bio *pb,
+					   u32 slot)
+{
+	if (tc_epoch_needs_cow(c, slot))
+		pb->epoch = tc_epoch_cur(&c->ix.ep);
+	if (tc_around_waits(c, pb->epoch))
+		return TC_WAIT_EPOCH;
+	return tc_write_through(c, bio, pb, slot);
+}
+
+/*
+ * A write miss while writes do not make blocks dirty: it goes to the
+ * origin, after the epochs before it.
+ */
+static enum tc_action tc_write_miss_around(struct tc_cache *c,
+					   struct tc_bio *pb)
+{
+	if (tc_around_waits(c, pb->epoch))
+		return TC_WAIT_EPOCH;
+	return TC_TO_ORIGIN;
+}
+
 static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 			       struct tc_bio *pb, u64 block)
 {
@@ -328,7 +360,7 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 		tc_touch(c, slot);
 		pb->slot = slot;
 		if (!tc_writes_dirty(c))
-			return tc_write_through(c, bio, pb, slot);
+			return tc_write_hit_through(c, bio, pb, slot);
 		if (tc_epoch_needs_cow(c, slot))
 			return tc_write_cow(c, bio, pb, block, slot);
 		if (tc_stale_clean(c, slot)) {
@@ -354,7 +386,7 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 		tc_count(c, TC_S_WRITE_MISS);
 miss:
 	if (!tc_writes_dirty(c))
-		return TC_TO_ORIGIN;
+		return tc_write_miss_around(c, pb);
 	if (tc_whole_block(c, bio) && tc_write_allocate(c, pb, block))
 		return tc_write_cache(c, bio, pb);
 	if (tc_around_waits(c, pb->epoch))
