@@ -102,6 +102,7 @@ static int tc_cache_setup(struct tc_cache *c)
 	INIT_WORK(&c->discard_work, tc_discard_work);
 	mutex_init(&c->ctl_lock);
 	tc_flush_init(c);
+	tc_oflush_init(c);
 	tc_meta_init(c);
 	atomic_set(&c->no_dirty, 0);
 	c->wq = alloc_workqueue("tiercache-%s", WQ_MEM_RECLAIM | WQ_UNBOUND, 0,

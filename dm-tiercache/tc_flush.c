@@ -84,6 +84,7 @@ struct tc_wb_req {
 	struct tc_buf buf;
 	/* the first request of a batch leads it: the others, the flush */
 	struct list_head batch;
+	struct tc_oflush_req oflush;
 	blk_status_t flush_status;
 	struct tc_wb_blk blks[];
 };
@@ -753,14 +754,13 @@ static void tc_wb_release(struct tc_cache *c, struct tc_wb_req *req,
 	}
 }
 
-static void tc_wb_flush_endio(struct bio *bio)
+static void tc_wb_flushed(struct tc_oflush_req *req, blk_status_t status)
 {
-	struct tc_wb_req *lead = bio->bi_private;
+	struct tc_wb_req *lead = container_of(req, struct tc_wb_req, oflush);
 	struct tc_cache *c = lead->c;
 	unsigned long flags;
 
-	lead->flush_status = bio->bi_status;
-	bio_put(bio);
+	lead->flush_status = status;
 	spin_lock_irqsave(&c->fl.lock, flags);
 	list_add_tail(&lead->list, &c->fl.flushed);
 	spin_unlock_irqrestore(&c->fl.lock, flags);
@@ -776,17 +776,13 @@ static void tc_wb_send_flush(struct tc_cache *c)
 {
 	struct tc_flush *fl = &c->fl;
 	struct tc_wb_req *lead;
-	struct bio *bio;
 
 	lead = list_first_entry(&fl->done, struct tc_wb_req, list);
 	list_del(&lead->list);
 	list_splice_init(&fl->done, &lead->batch);
 	fl->nr_done = 0;
-	bio = bio_alloc_bioset(c->origin_bdev, 0, REQ_OP_WRITE | REQ_PREFLUSH,
-			       GFP_NOIO, &c->bs);
-	bio->bi_private = lead;
-	bio->bi_end_io = tc_wb_flush_endio;
-	submit_bio(bio);
+	lead->oflush.done = tc_wb_flushed;
+	tc_oflush(c, &lead->oflush);
 }
 
 static void tc_wb_batch_done(struct tc_cache *c, struct tc_wb_req *lead)

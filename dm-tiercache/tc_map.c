@@ -701,7 +701,7 @@ void tc_epoch_waiters_fail(struct tc_cache *c, int err)
 
 /*
  * Empty flushes: bio 0 commits the metadata (which flushes the cache
- * device first), bio 1 goes to the origin.
+ * device first), bio 1 waits for an origin flush (tc_oflush.c).
  */
 static int tc_map_flush(struct tc_cache *c, struct bio *bio)
 {
@@ -722,8 +722,8 @@ static int tc_map_flush(struct tc_cache *c, struct bio *bio)
 		tc_flush_epoch(c, bio);
 		return DM_MAPIO_SUBMITTED;
 	}
-	bio_set_dev(bio, c->origin_bdev);
-	return DM_MAPIO_REMAPPED;
+	tc_oflush_bio(c, bio);
+	return DM_MAPIO_SUBMITTED;
 }
 
 static void tc_queue_discard(struct tc_cache *c, struct bio *bio)

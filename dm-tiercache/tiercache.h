@@ -230,6 +230,21 @@ struct tc_meta {
 	struct delayed_work timer_work;
 };
 
+/* A request for an origin flush (tc_oflush.c). */
+struct tc_oflush_req {
+	struct list_head list;
+	void (*done)(struct tc_oflush_req *req, blk_status_t status);
+};
+
+/* Origin flushes, one in flight at a time. */
+struct tc_oflush {
+	spinlock_t lock;		/* the lists, running */
+	struct list_head next;		/* requests for the next flush */
+	struct list_head cur;		/* requests of the flush in flight */
+	bool running;			/* a flush in flight or queued */
+	struct work_struct work;	/* issues the next flush */
+};
+
 /* ---- the shared cache state (tc_target.c owns its life) ---- */
 
 struct tc_cache {
@@ -287,6 +302,7 @@ struct tc_cache {
 
 	struct tc_stats stats;
 	struct tc_flush fl;
+	struct tc_oflush oflush;
 	struct tc_meta meta;
 	bool meta_loaded;		/* formatted or loaded: commit at the end */
 	bool creating;			/* in the registry, not yet set up */
@@ -377,6 +393,7 @@ struct tc_bio {
 	struct tc_range range;
 	bool again;			/* dispatched again: counted once */
 	u64 epoch;			/* a write: the epoch open at its map */
+	struct tc_oflush_req oflush;	/* bio 1 of a flush: waits in tc_oflush.c */
 };
 
 static inline void tc_count(struct tc_cache *c, enum tc_io_stat s)
@@ -449,6 +466,12 @@ bool tc_origin_behind(struct tc_cache *c);
 void tc_wake_wb_waiters(struct tc_cache *c);
 void tc_epoch_waiters_go(struct tc_cache *c);
 void tc_epoch_waiters_fail(struct tc_cache *c, int err);
+
+/* ---- tc_oflush.c: origin flushes ---- */
+
+void tc_oflush_init(struct tc_cache *c);
+void tc_oflush(struct tc_cache *c, struct tc_oflush_req *req);
+void tc_oflush_bio(struct tc_cache *c, struct bio *bio);
 
 /* ---- tc_flush.c ---- */
 
