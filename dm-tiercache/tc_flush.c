@@ -454,10 +454,11 @@ static void tc_wb_completed(struct tc_wb_req *req)
 	struct tc_cache *c = req->c;
 	unsigned long flags;
 
+	/* queued under the lock: see tc_wb_flushed() */
 	spin_lock_irqsave(&c->fl.lock, flags);
 	list_add_tail(&req->list, &c->fl.completed);
-	spin_unlock_irqrestore(&c->fl.lock, flags);
 	queue_work(c->wq, &c->fl.done_work);
+	spin_unlock_irqrestore(&c->fl.lock, flags);
 }
 
 static void tc_wb_put(struct tc_wb_req *req)
@@ -761,10 +762,15 @@ static void tc_wb_flushed(struct tc_oflush_req *req, blk_status_t status)
 	unsigned long flags;
 
 	lead->flush_status = status;
+	/*
+	 * Queued under the lock: a done_work already running cannot take the
+	 * batch, release the last request and let tc_flush_stop() and the
+	 * teardown go on before this queue_work().
+	 */
 	spin_lock_irqsave(&c->fl.lock, flags);
 	list_add_tail(&lead->list, &c->fl.flushed);
-	spin_unlock_irqrestore(&c->fl.lock, flags);
 	queue_work(c->wq, &c->fl.done_work);
+	spin_unlock_irqrestore(&c->fl.lock, flags);
 }
 
 /*
