@@ -242,8 +242,10 @@ def replay_oracle(stack, lw_log, files, stop_at_first_bad):
     for w in workers:
         w.start()
     img = bytearray(ORIGIN_MIB * MiB)
+    entries = []
     try:
         with logwrites.LogWrites.open(lw_log) as log:
+            entries = log.entries
             start = log.mark_index("mkfs")
             epoch_at = {int(t[3:]): i for i, t in log.marks() if t.startswith("ep-")}
             points, n_other = checkpoints(log, start)
@@ -270,7 +272,15 @@ def replay_oracle(stack, lw_log, files, stop_at_first_bad):
     assert not any(w.is_alive() for w in workers), "a state check is stuck"
     results.sort()
     bad = [r for r in results if r[2]]
-    first = f"log entry {bad[0][0]} ({bad[0][1]} files due): {bad[0][2]}" if bad else None
+    first = None
+    if bad:
+        p = bad[0][0]
+        near = "; ".join(f"{e.index} {logwrites.flag_str(e.flags)} "
+                         f"{e.mark if e.mark is not None else e.offset // 4096}"
+                         f"{'+' + str(e.length // 4096) if e.is_write else ''}"
+                         for e in entries[max(0, p - 15):p + 1])
+        first = (f"log entry {p} ({bad[0][1]} files due): {bad[0][2]}\n"
+                 f"the entries before it (index, flags, block+blocks): {near}")
     tclib.kmsg(f"oracle: {len(results)} states checked, {len(bad)} damaged, "
                f"{n_other} between flushes")
     return len(results), len(bad), first, n_other
