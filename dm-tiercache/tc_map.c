@@ -318,11 +318,12 @@ static enum tc_action tc_write_hit_through(struct tc_cache *c,
 }
 
 /*
- * A write miss while writes do not make blocks dirty: it goes to the
- * origin, after the epochs before it.
+ * A write that goes to the origin and has no cached copy to mind: a miss
+ * while writes do not make blocks dirty, or a write to the tail past the
+ * last whole block (never cached).  It goes after the epochs before it.
  */
-static enum tc_action tc_write_miss_around(struct tc_cache *c,
-					   struct tc_bio *pb)
+static enum tc_action tc_write_uncached(struct tc_cache *c,
+					struct tc_bio *pb)
 {
 	if (tc_around_waits(c, pb->epoch))
 		return TC_WAIT_EPOCH;
@@ -346,6 +347,8 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 	}
 	/* mapped while it was: the epoch opened for it (or the empty newest) */
 	pb->epoch = min(pb->epoch, tc_epoch_cur(&c->ix.ep));
+	if (block >= c->nr_blocks)
+		return tc_write_uncached(c, pb);
 	if (c->mode == TC_MODE_PASSTHROUGH) {
 		tc_count(c, slot != TC_SLOT_NONE ? TC_S_WRITE_HIT :
 						   TC_S_WRITE_MISS);
@@ -386,7 +389,7 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 		tc_count(c, TC_S_WRITE_MISS);
 miss:
 	if (!tc_writes_dirty(c))
-		return tc_write_miss_around(c, pb);
+		return tc_write_uncached(c, pb);
 	if (tc_whole_block(c, bio) && tc_write_allocate(c, pb, block))
 		return tc_write_cache(c, bio, pb);
 	if (tc_around_waits(c, pb->epoch))
@@ -593,7 +596,7 @@ static int tc_map_rw(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 	 */
 	if (bio_data_dir(bio) == WRITE && READ_ONCE(c->read_only))
 		return DM_MAPIO_KILL;	/* a read-only table writes nothing */
-	if (block >= c->nr_blocks) {
+	if (block >= c->nr_blocks && bio_data_dir(bio) == READ) {
 		/* the tail past the last whole block is never cached */
 		bio_set_dev(bio, c->origin_bdev);
 		return DM_MAPIO_REMAPPED;
