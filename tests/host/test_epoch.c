@@ -284,11 +284,20 @@ static void *race_writer(void *arg)
 	while (!__atomic_load_n(&race_stop, __ATOMIC_RELAXED)) {
 		for (i = 0; i < RACE_SLOTS; i++) {
 			u8 tag = tc_epoch_enter(&race, base + i);
-			u64 old = tc_epoch_oldest(&race);
+			/*
+			 * cur, then oldest: cur - oldest stays within the
+			 * span (read the other way round, a writer preempted
+			 * between the two reads sees cur run 256 past the
+			 * oldest it read, a false alarm)
+			 */
+			u64 cur = tc_epoch_cur(&race);
+			u64 old;
+
+			smp_rmb();
+			old = tc_epoch_oldest(&race);
 
 			/* counted in: its epoch cannot be retired now */
-			if ((u8)(tag - (u8)old) >
-			    (u8)(tc_epoch_cur(&race) - old))
+			if ((u8)(tag - (u8)old) > (u8)(cur - old))
 				__atomic_fetch_add(&race_bad, 1,
 						   __ATOMIC_RELAXED);
 		}
