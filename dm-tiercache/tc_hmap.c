@@ -39,7 +39,7 @@
 
 void tc_hmap_geometry(u32 nr_slots, struct tc_hmap_geometry *g)
 {
-	u64 n = (u64)nr_slots + DIV_ROUND_UP((u64)nr_slots, 4);
+	u64 n = (u64)nr_slots + DIV_ROUND_UP((u64)nr_slots, 5);
 
 	n = max_t(u64, n, 1);
 	g->nr_buckets = round_up(n, (u64)TC_HMAP_REGION);

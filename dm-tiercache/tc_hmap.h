@@ -5,9 +5,11 @@
  * Open addressing with linear probing over an array of u32 slot numbers
  * (empty: TC_SLOT_NONE).  The keys are not stored: a bucket's key is the
  * block in the slot word of the slot it holds.  The table has at least
- * 1.25 buckets per slot, rounded up to a whole region, so the load factor
- * is at most 0.8 (4 B per bucket: 5 B per slot).  Deletion shifts the
- * entries after the hole backwards (no tombstones).
+ * 1.2 buckets per slot, rounded up to a whole region, so the load factor
+ * is at most 5/6 (4 B per bucket: 4.8 B per slot, 4.9 B with the region
+ * words; a miss probes about 19 buckets, little more than a cache line,
+ * on a full cache).  Deletion shifts the entries after the hole
+ * backwards (no tombstones).
  *
  * One origin block may be in several slots (a version chain): the newest
  * comes first in probe order.  tc_hmap_insert() puts the new slot in front

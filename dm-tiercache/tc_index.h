@@ -3,7 +3,7 @@
  * dm-tiercache: the index of the cache, from origin block to slot.
  *
  * Built from the compact core: the slot words (tc_slots.h, 6 B per slot),
- * the open-addressed map (tc_hmap.h, 5 B per slot) and the dirty order
+ * the open-addressed map (tc_hmap.h, 4.9 B per slot) and the dirty order
  * (tc_dorder.h, 4 B per dirty slot), plus a bitmap of allocated slots.
  * No device-wide lock is taken on the I/O path: lookups are lockless, a
  * block's state changes only under that block's lock (tc_lock.c) or as an

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * Not a test: the cost of the compact index on the host, single-threaded,
- * at 1 Mi and 16 Mi slots (a full map: load 0.8), random 40-bit blocks.
+ * at 1 Mi and 16 Mi slots (a full map: load 5/6), random 40-bit blocks.
  *
  *   ./bench_index [slots ...]
  */

@@ -149,18 +149,18 @@ static void test_geometry(void)
 		tc_hmap_geometry(n, &g);
 		CHECK(g.nr_buckets % TC_HMAP_REGION == 0, "whole regions");
 		CHECK(g.nr_buckets > n, "an empty bucket for %u", n);
-		CHECK(g.nr_buckets * 4 >= (u64)n * 5, "load <= 0.8 for %u", n);
-		CHECK(g.nr_buckets - TC_HMAP_REGION < (u64)n * 5 / 4 + 1,
-		      "no more than a region over 1.25 for %u", n);
+		CHECK(g.nr_buckets * 5 >= (u64)n * 6, "load <= 5/6 for %u", n);
+		CHECK(g.nr_buckets - TC_HMAP_REGION < (u64)n * 6 / 5 + 1,
+		      "no more than a region over 1.2 for %u", n);
 		CHECK(g.nr_regions * TC_HMAP_REGION == g.nr_buckets, "regions");
 		CHECK(tc_dorder_tail_cap(n) >= 1024 &&
 		      tc_dorder_tail_cap(n) <= (1u << 20), "tail cap");
 	}
 	tc_hmap_geometry(U32_MAX, &g);
-	CHECK(g.nr_buckets == 5368709120ULL, "buckets of 2^32-1 slots: %llu",
+	CHECK(g.nr_buckets == 5153960768ULL, "buckets of 2^32-1 slots: %llu",
 	      (unsigned long long)g.nr_buckets);
-	CHECK(g.nr_regions == 83886080ULL, "regions of 2^32-1 slots");
-	CHECK(g.bytes == 5368709120ULL * 4 + 83886080ULL * 4, "map bytes");
+	CHECK(g.nr_regions == 80530637ULL, "regions of 2^32-1 slots");
+	CHECK(g.bytes == 5153960768ULL * 4 + 80530637ULL * 4, "map bytes");
 	CHECK(tc_slots_bytes(U32_MAX) == 4294967295ULL * 5 + 536870912ULL * 8,
 	      "slot bytes of 2^32-1 slots");
 	CHECK(tc_dorder_tail_cap(U32_MAX) == (1u << 20), "largest tail");
