@@ -15,10 +15,8 @@ int tc_epochs_create(struct tc_epochs *e, u32 nr_slots)
 {
 	int i;
 
-	/* a byte per slot: past INT_MAX bytes for the largest caches */
-	e->tag = tc_bigalloc(nr_slots, sizeof(*e->tag), GFP_KERNEL | __GFP_ZERO);
-	if (!e->tag)
-		return -ENOMEM;
+	e->tag = NULL;		/* one epoch so far: tc_epoch_need_tags() */
+	e->nr_slots = nr_slots;
 	for (i = 0; i < TC_EPOCH_TAGS; i++)
 		atomic_set(&e->nr[i], 0);
 	e->oldest = 0;
@@ -36,12 +34,47 @@ void tc_epochs_destroy(struct tc_epochs *e)
 	e->tag = NULL;
 }
 
+/* The tags, each @fill: published once, by whoever comes first. */
+static int tc_epoch_alloc_tags(struct tc_epochs *e, u8 fill)
+{
+	u8 *tag;
+
+	/* published ones are whole: pairs with the cmpxchg() below */
+	if (smp_load_acquire(&e->tag))
+		return 0;
+	/* a byte per slot: past INT_MAX bytes for the largest caches */
+	tag = tc_bigalloc(e->nr_slots, sizeof(*tag), GFP_KERNEL);
+	if (!tag)
+		return -ENOMEM;
+	memset(tag, fill, e->nr_slots);
+	/*
+	 * The bytes, then the pointer, then whatever the caller does next
+	 * (a `set` switches the policy on): pairs with tc_epoch_tags().
+	 */
+	if (cmpxchg(&e->tag, NULL, tag))
+		kvfree(tag);
+	return 0;
+}
+
+/*
+ * Allocate the tags before a second epoch may be opened (process
+ * context).  Until then every dirty slot is in cur, which does not move:
+ * every tag is cur.  Whoever opens an epoch next reads the pointer, then
+ * moves cur with a release (tc_epoch_open()), so a reader that finds cur
+ * moved and then reads the pointer finds the tags too.
+ */
+int tc_epoch_need_tags(struct tc_epochs *e)
+{
+	return tc_epoch_alloc_tags(e, (u8)READ_ONCE(e->cur));
+}
+
 /*
  * @slot becomes dirty in the open epoch: count it there and tag it.
  * Returns the tag.
  */
 u8 tc_epoch_enter(struct tc_epochs *e, u32 slot)
 {
+	u8 *tag;
 	u64 ep;
 
 	for (;;) {
@@ -58,7 +91,10 @@ u8 tc_epoch_enter(struct tc_epochs *e, u32 slot)
 		/* retired under our feet: a later epoch is open */
 		atomic_dec(&e->nr[(u8)ep]);
 	}
-	WRITE_ONCE(e->tag[slot], (u8)ep);
+	/* cur read before (the barrier above): see tc_epoch_need_tags() */
+	tag = smp_load_acquire(&e->tag);
+	if (tag)
+		WRITE_ONCE(tag[slot], (u8)ep);
 	return (u8)ep;
 }
 
@@ -89,12 +125,13 @@ bool tc_epoch_open(struct tc_epochs *e)
 	u64 low;
 
 	spin_lock(&e->lock);
-	if (atomic_read(&e->nr[(u8)e->cur])) {
+	/* no tags, no second epoch: only a default-policy cache has none */
+	if (atomic_read(&e->nr[(u8)e->cur]) && smp_load_acquire(&e->tag)) {
 		low = min(e->oldest, e->floor);
 		if (e->cur + 1 > low + TC_EPOCH_SPAN)
 			ok = false;
-		else
-			WRITE_ONCE(e->cur, e->cur + 1);
+		else	/* the tags seen, then cur: see tc_epoch_need_tags() */
+			smp_store_release(&e->cur, e->cur + 1);
 	}
 	if (ok) {
 		/* the new cur, then the flag: pairs with tc_epoch_must_open() */
@@ -181,18 +218,35 @@ void tc_epoch_load_begin(struct tc_epochs *e, u64 floor)
 	e->loaded_any = false;
 }
 
-/* @slot is dirty in @epoch; -ERANGE if that is not a live epoch. */
+/*
+ * @slot is dirty in @epoch; -ERANGE if that is not a live epoch, -ENOMEM
+ * if a second epoch needs the tags and there is no memory for them.
+ * Without tags, cur is the one epoch loaded so far.
+ */
 int tc_epoch_load(struct tc_epochs *e, u32 slot, u64 epoch)
 {
+	int r;
+
 	if (epoch < e->floor || epoch > e->floor + TC_EPOCH_SPAN)
 		return -ERANGE;
+	if (!e->tag) {
+		if (!e->loaded_any) {
+			e->oldest = epoch;
+			e->cur = epoch;
+		} else if (epoch != e->cur) {
+			r = tc_epoch_alloc_tags(e, (u8)e->cur);
+			if (r)
+				return r;
+		}
+	}
 	if (!e->loaded_any || epoch < e->load_min)
 		e->load_min = epoch;
 	if (!e->loaded_any || epoch > e->load_max)
 		e->load_max = epoch;
 	e->loaded_any = true;
 	atomic_inc(&e->nr[(u8)epoch]);
-	e->tag[slot] = (u8)epoch;
+	if (e->tag)
+		e->tag[slot] = (u8)epoch;
 	return 0;
 }
 
@@ -204,18 +258,24 @@ int tc_epoch_load(struct tc_epochs *e, u32 slot, u64 epoch)
  * epoch stays open for now but no write may join it (tc_epoch_must_open()).
  * Without @open_new the writes join the newest loaded epoch, whose writes
  * no flush followed (the default policy: rewrites of the blocks loaded go
- * in place).
+ * in place).  -ENOMEM if the tags the new epoch needs cannot be had.
  */
-void tc_epoch_load_end(struct tc_epochs *e, bool open_new)
+int tc_epoch_load_end(struct tc_epochs *e, bool open_new)
 {
+	int r;
+
 	if (!e->loaded_any)
-		return;
+		return 0;
 	e->oldest = e->load_min;
 	e->cur = e->load_max;
 	if (!open_new)
-		return;
+		return 0;
+	r = tc_epoch_need_tags(e);
+	if (r)
+		return r;
 	if (e->cur + 1 <= e->load_min + TC_EPOCH_SPAN)
 		e->cur++;
 	else
 		e->must_open = true;
+	return 0;
 }

@@ -21,6 +21,17 @@
  * superblock's.  A flush that would open one more waits (tc_epoch_open()
  * fails) until writeback retires the oldest.
  *
+ * The tags cost a byte per slot, and they are needed only once a second
+ * epoch can be live: until then (the default policy, a load that found
+ * dirty slots of one epoch at most) @tag is NULL, every dirty slot
+ * belongs to cur, and cur does not move (tc_epoch_open() opens nothing).
+ * tc_epoch_need_tags() allocates them, each set to cur, and publishes
+ * them: the ordered policy calls it before it is switched on, a load
+ * before it loads a second epoch.  The opener of an epoch reads the
+ * pointer, then moves cur with a release; a reader of a tag reads cur,
+ * then the pointer (tc_epoch_tags()): if it finds none, cur was still
+ * the one epoch.
+ *
  * Concurrency: tc_epoch_enter() and tc_epoch_leave() are lockless (any
  * context but hard interrupts); opening and retiring, rare, take the
  * lock.  A writer that read cur and counts itself in races a retirement
@@ -48,6 +59,7 @@
 
 struct tc_epochs {
 	u8 *tag;			/* per slot: the epoch of a dirty one */
+	u32 nr_slots;			/* the size of @tag */
 	atomic_t nr[TC_EPOCH_TAGS];	/* dirty slots per tag */
 	u64 oldest;			/* the oldest live epoch */
 	u64 cur;			/* the open epoch */
@@ -63,6 +75,7 @@ struct tc_epochs {
 
 int tc_epochs_create(struct tc_epochs *e, u32 nr_slots);
 void tc_epochs_destroy(struct tc_epochs *e);
+int tc_epoch_need_tags(struct tc_epochs *e);
 
 u8 tc_epoch_enter(struct tc_epochs *e, u32 slot);
 void tc_epoch_leave(struct tc_epochs *e, u32 slot);
@@ -76,7 +89,7 @@ u32 tc_epoch_nr(struct tc_epochs *e, u64 epoch);
 
 void tc_epoch_load_begin(struct tc_epochs *e, u64 floor);
 int tc_epoch_load(struct tc_epochs *e, u32 slot, u64 epoch);
-void tc_epoch_load_end(struct tc_epochs *e, bool open_new);
+int tc_epoch_load_end(struct tc_epochs *e, bool open_new);
 
 static inline u64 tc_epoch_oldest(struct tc_epochs *e)
 {
@@ -88,9 +101,23 @@ static inline u64 tc_epoch_cur(struct tc_epochs *e)
 	return READ_ONCE(e->cur);
 }
 
+/*
+ * The tags, or NULL while every dirty slot is in @*single, the open epoch
+ * (see above: cur is read first).
+ */
+static inline const u8 *tc_epoch_tags(struct tc_epochs *e, u64 *single)
+{
+	*single = READ_ONCE(e->cur);
+	smp_rmb();	/* cur, then the tags: see tc_epoch_need_tags() */
+	return smp_load_acquire(&e->tag);
+}
+
 static inline u8 tc_epoch_tag(struct tc_epochs *e, u32 slot)
 {
-	return READ_ONCE(e->tag[slot]);
+	u64 single;
+	const u8 *tag = tc_epoch_tags(e, &single);
+
+	return tag ? READ_ONCE(tag[slot]) : (u8)single;
 }
 
 /* Is dirty @slot a version of an epoch older than the open one? */

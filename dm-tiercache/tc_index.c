@@ -101,7 +101,11 @@ void tc_index_exit(struct tc_cache *c)
 	tc_slots_destroy(&ix->sl);
 }
 
-/* Kernel memory the index of @nr slots takes when empty, in bytes. */
+/*
+ * Kernel memory the index of @nr slots takes when empty, in bytes, at
+ * most: the epoch tags are counted, though only the ordered policy (or a
+ * load of its epochs) allocates them.
+ */
 size_t tc_index_bytes(u32 nr)
 {
 	struct tc_hmap_geometry g;
@@ -494,8 +498,8 @@ int tc_index_load(struct tc_cache *c, u32 slot, u64 block, u64 epoch)
 	}
 	spin_unlock(&ix->alloc_lock);
 	r = tc_epoch_load(&ix->ep, slot, epoch);
-	if (r)
-		return -EUCLEAN;	/* no live epoch */
+	if (r)	/* -ERANGE: no live epoch; else no memory for the tags */
+		return r == -ERANGE ? -EUCLEAN : r;
 	tc_slot_set_block(&ix->sl, slot, block);
 	tc_slot_set(&ix->sl, slot, TC_SF_VALID);
 	r = tc_index_load_version(c, slot, epoch);
@@ -507,11 +511,14 @@ int tc_index_load(struct tc_cache *c, u32 slot, u64 block, u64 epoch)
 	return 0;
 }
 
-/* Loading is over: the loaded dirty slots are sorted once. */
-void tc_index_load_end(struct tc_cache *c)
+/*
+ * Loading is over: the loaded dirty slots are sorted once.  -ENOMEM if
+ * the ordered policy's epoch tags cannot be had.
+ */
+int tc_index_load_end(struct tc_cache *c)
 {
 	tc_dorder_load_end(&c->ix.dorder);
-	tc_epoch_load_end(&c->ix.ep, c->val[TC_KEY_ORDERED]);
+	return tc_epoch_load_end(&c->ix.ep, c->val[TC_KEY_ORDERED]);
 }
 
 /* ---- writeback ---- */
@@ -584,8 +591,16 @@ u32 tc_next_dirty(struct tc_cache *c, u64 from, u64 to, u64 *block)
 u32 tc_next_dirty_in(struct tc_cache *c, u64 epoch, u64 from, u64 to,
 		     u64 *block)
 {
-	return tc_dorder_next_tagged(&c->ix.dorder, from, to, c->ix.ep.tag,
-				     (u8)epoch, block);
+	u64 single;
+	const u8 *tags = tc_epoch_tags(&c->ix.ep, &single);
+
+	if (tags)
+		return tc_dorder_next_tagged(&c->ix.dorder, from, to, tags,
+					     (u8)epoch, block);
+	/* no tags: every dirty slot is in the one epoch */
+	if (epoch != single)
+		return TC_SLOT_NONE;
+	return tc_dorder_next(&c->ix.dorder, from, to, block);
 }
 
 /* Set OWED on @s if it is dirty. */

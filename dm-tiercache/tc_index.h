@@ -67,7 +67,7 @@ u32 tc_chain_in_wb(struct tc_cache *c, u64 block);
 bool tc_epoch_needs_cow(struct tc_cache *c, u32 slot);
 int tc_mark_dirty(struct tc_cache *c, u32 slot);
 int tc_index_load(struct tc_cache *c, u32 slot, u64 block, u64 epoch);
-void tc_index_load_end(struct tc_cache *c);
+int tc_index_load_end(struct tc_cache *c);
 
 /* writeback (the engine) */
 int tc_index_merge(struct tc_cache *c, gfp_t gfp);

@@ -995,11 +995,13 @@ static int tc_meta_load_entries(struct tc_cache *c, char **error)
 			}
 			r = tc_meta_load_block(c, mb, blk, &ld);
 			if (r)
-				return r;
+				goto nomem;
 		}
 		cond_resched();
 	}
-	tc_index_load_end(c);
+	r = tc_index_load_end(c);
+	if (r)
+		goto nomem;
 	if (ld.nr_bad) {
 		*error = "Cache metadata has corrupt entries (see the kernel log; tiercache check)";
 		DMERR("%s: %u corrupt metadata entries: refusing to load", c->name,
@@ -1013,6 +1015,9 @@ static int tc_meta_load_entries(struct tc_cache *c, char **error)
 	return 0;
 unreadable:
 	*error = "Cannot read the cache metadata";
+	return r;
+nomem:
+	*error = "Cannot allocate the index of the loaded cache";
 	return r;
 }
 

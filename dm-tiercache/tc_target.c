@@ -134,6 +134,12 @@ static int tc_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 		goto bad;
 	}
 	t->c = c;
+	/* the ordered policy needs the epoch tags before it is switched on */
+	r = t->val[TC_KEY_ORDERED] ? tc_epoch_need_tags(&c->ix.ep) : 0;
+	if (r) {
+		ti->error = "Cannot allocate the epoch tags (ordered 1)";
+		goto bad;
+	}
 
 	r = dm_set_target_max_io_len(ti, t->args.block_sectors);
 	if (r)
@@ -240,6 +246,11 @@ static int tc_set(struct tc_target *t, const char *key, const char *value)
 	if (tc_args_set(&a, key, value, &error) ||
 	    tc_args_finalise(&a, t->origin_max_kb, val, &error))
 		return -EINVAL;
+	if (val[TC_KEY_ORDERED] && tc_epoch_need_tags(&c->ix.ep)) {
+		DMERR("%s: ordered 1 refused: no memory for the epoch tags (%u bytes)",
+		      c->name, c->nr_slots);
+		return -ENOMEM;
+	}
 	t->args = a;
 	memcpy(t->val, val, sizeof(val));
 	for (k = 0; k < TC_NR_KEYS; k++)

@@ -66,6 +66,13 @@ typedef uint64_t u64;
 #define try_cmpxchg(p, oldp, new) \
 	__atomic_compare_exchange_n((p), (oldp), (new), false, \
 				    __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)
+/* the value found at *p (@o: swapped), fully ordered as the kernel's */
+#define cmpxchg(p, o, n) ({						\
+	__typeof__(*(p)) __old = (o);					\
+	__atomic_compare_exchange_n((p), &__old, (n), false,		\
+				    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);\
+	__old;								\
+})
 /* threads here are not pinned to a CPU: let a preempted lock holder run */
 #define cpu_relax()		sched_yield()
 

@@ -18,7 +18,14 @@
  *     or the newest one (default), out-of-range epochs refused;
  *  4  the race of a writer counting itself in with the retirement of its
  *     epoch: threads enter and leave while another opens and retires;
- *     no slot may ever be tagged with an epoch that is already retired.
+ *     no slot may ever be tagged with an epoch that is already retired;
+ *     and the tags allocated while the writers run (no writer's slot may
+ *     then read another epoch than the one it entered);
+ *  5  the tags are allocated only when a second epoch can be live: none
+ *     under the default policy (a flush opens nothing), every dirty slot
+ *     in cur when they come (also in the middle of the random run of 1),
+ *     a load of one epoch allocates none, of two or for the ordered
+ *     policy it does, and a failed allocation changes nothing.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -46,6 +53,11 @@ static int failures;
 
 /* the model: the absolute epoch of each dirty slot, or -1 */
 static long long model[NSLOTS];
+
+static bool has_tags(struct tc_epochs *e)
+{
+	return e->tag != NULL;
+}
 
 static unsigned int rnd(unsigned int *s)
 {
@@ -81,7 +93,8 @@ static void check_against_model(struct tc_epochs *e)
 	}
 }
 
-static void test_random(void)
+/* The tags are allocated at step @tags_at (0: at once), 200,000 after. */
+static void test_random(int tags_at)
 {
 	struct tc_epochs e;
 	unsigned int seed = 1;
@@ -91,9 +104,16 @@ static void test_random(void)
 	CHECK(!tc_epochs_create(&e, NSLOTS));
 	for (i = 0; i < NSLOTS; i++)
 		model[i] = -1;
-	for (step = 0; step < 200000; step++) {
+	for (step = 0; step < tags_at + 200000; step++) {
 		unsigned int op = rnd(&seed) % 100;
 		u32 s = rnd(&seed) % NSLOTS;
+
+		if (step == tags_at) {
+			CHECK(e.cur == 0 && !has_tags(&e));
+			CHECK(!tc_epoch_need_tags(&e));
+			CHECK(has_tags(&e));
+			check_against_model(&e);
+		}
 
 		if (op < 45) {
 			if (model[s] < 0) {
@@ -117,6 +137,8 @@ static void test_random(void)
 				CHECK(had && e.cur == before);
 				CHECK(before + 1 > min(e.oldest, e.floor) +
 				      TC_EPOCH_SPAN);
+			} else if (step < tags_at) {
+				CHECK(e.cur == before);	/* no tags: one epoch */
 			} else {
 				CHECK(e.cur == before + had);
 				opened += had;
@@ -135,8 +157,8 @@ static void test_random(void)
 			check_against_model(&e);
 	}
 	check_against_model(&e);
-	printf("random: %llu epochs opened, %llu retired, %llu flushes refused, cur %llu\n",
-	       (unsigned long long)opened, (unsigned long long)retired,
+	printf("random (tags from step %d): %llu epochs opened, %llu retired, %llu flushes refused, cur %llu\n",
+	       tags_at, (unsigned long long)opened, (unsigned long long)retired,
 	       (unsigned long long)refused, (unsigned long long)e.cur);
 	CHECK(opened > 300 && retired > 200 && refused > 0);
 	CHECK(e.cur > 300);	/* the tags wrapped */
@@ -149,6 +171,7 @@ static void test_edges(void)
 	int i;
 
 	CHECK(!tc_epochs_create(&e, NSLOTS));
+	CHECK(!tc_epoch_need_tags(&e));
 	/* nothing written: a flush opens nothing */
 	CHECK(tc_epoch_open(&e) && e.cur == 0);
 	CHECK(!tc_epoch_retire(&e));		/* the open epoch stays */
@@ -275,6 +298,7 @@ static void test_load(void)
 static struct tc_epochs race;
 static int race_stop;
 static int race_bad;
+static int race_mistag;
 
 static void *race_writer(void *arg)
 {
@@ -295,6 +319,11 @@ static void *race_writer(void *arg)
 
 			smp_rmb();
 			old = tc_epoch_oldest(&race);
+
+			/* its own slot: nobody else tags it, the fill neither */
+			if (tc_epoch_tag(&race, base + i) != tag)
+				__atomic_fetch_add(&race_mistag, 1,
+						   __ATOMIC_RELAXED);
 
 			/* counted in: its epoch cannot be retired now */
 			if ((u8)(tag - (u8)old) > (u8)(cur - old))
@@ -323,6 +352,9 @@ static void test_race(void)
 	 */
 	t0 = time(NULL);
 	for (n = 0; tc_epoch_cur(&race) < 600 && time(NULL) < t0 + 60; n++) {
+		/* the writers run a while on one epoch, without tags */
+		if (n == 20000)
+			CHECK(!tc_epoch_need_tags(&race));
 		tc_epoch_open(&race);
 		tc_epoch_retire(&race);
 		if (!(n % 64))
@@ -336,21 +368,90 @@ static void test_race(void)
 	/* all left: every epoch but the open one retires */
 	while (tc_epoch_retire(&race))
 		;
-	printf("race: cur %llu oldest %llu, %d writers counted in a retired epoch\n",
+	printf("race: cur %llu oldest %llu, %d writers counted in a retired epoch, %d read another tag\n",
 	       (unsigned long long)race.cur, (unsigned long long)race.oldest,
-	       race_bad);
+	       race_bad, race_mistag);
 	CHECK(race_bad == 0);
+	CHECK(race_mistag == 0);
 	CHECK(race.oldest == race.cur);
 	CHECK(tc_epoch_nr(&race, race.cur) == 0);
 	CHECK(race.cur > 256);	/* the tags wrapped */
 	tc_epochs_destroy(&race);
 }
 
+/* ---- 5: the tags only when a second epoch can be live ---- */
+
+static void test_lazy_tags(void)
+{
+	struct tc_epochs e;
+
+	/* the default policy: flushes open nothing, all is cur's */
+	CHECK(!tc_epochs_create(&e, NSLOTS));
+	CHECK(!has_tags(&e));
+	tc_epoch_enter(&e, 5);
+	CHECK(tc_epoch_open(&e) && e.cur == 0);
+	tc_epoch_enter(&e, 6);
+	CHECK(!tc_epoch_older(&e, 5) && tc_epoch_nr(&e, 0) == 2);
+	CHECK(!tc_epoch_retire(&e));
+	/* no memory: nothing changes, and a later try works */
+	tc_host_fail_allocs = 1;
+	CHECK(tc_epoch_need_tags(&e) == -ENOMEM && !has_tags(&e));
+	CHECK(!tc_epoch_need_tags(&e) && has_tags(&e));
+	CHECK(!tc_epoch_need_tags(&e));		/* once */
+	CHECK(tc_epoch_tag(&e, 5) == 0 && tc_epoch_tag(&e, 6) == 0);
+	CHECK(tc_epoch_open(&e) && e.cur == 1);
+	CHECK(tc_epoch_older(&e, 5) && tc_epoch_older(&e, 6));
+	tc_epoch_leave(&e, 5);
+	tc_epoch_leave(&e, 6);
+	CHECK(tc_epoch_retire(&e) && e.oldest == 1);
+	tc_epochs_destroy(&e);
+
+	/* a load of one epoch: no tags, cur is that epoch */
+	CHECK(!tc_epochs_create(&e, NSLOTS));
+	tc_epoch_load_begin(&e, 40);
+	CHECK(!tc_epoch_load(&e, 1, 42) && !tc_epoch_load(&e, 2, 42));
+	CHECK(e.cur == 42 && tc_epoch_of(&e, 1, 40) == 42);
+	CHECK(!tc_epoch_load_end(&e, false));
+	CHECK(!has_tags(&e) && e.oldest == 42 && e.cur == 42);
+	CHECK(tc_epoch_nr(&e, 42) == 2 && !tc_epoch_older(&e, 2));
+	tc_epochs_destroy(&e);
+
+	/* ... for the ordered policy: the new epoch needs them */
+	CHECK(!tc_epochs_create(&e, NSLOTS));
+	tc_epoch_load_begin(&e, 40);
+	CHECK(!tc_epoch_load(&e, 1, 42));
+	tc_host_fail_allocs = 1;
+	CHECK(tc_epoch_load_end(&e, true) == -ENOMEM);
+	tc_epochs_destroy(&e);
+	CHECK(!tc_epochs_create(&e, NSLOTS));
+	tc_epoch_load_begin(&e, 40);
+	CHECK(!tc_epoch_load(&e, 1, 42));
+	CHECK(!tc_epoch_load_end(&e, true) && has_tags(&e));
+	CHECK(e.cur == 43 && tc_epoch_older(&e, 1));
+	CHECK(tc_epoch_of(&e, 1, e.oldest) == 42);
+	tc_epochs_destroy(&e);
+
+	/* two epochs: the tags come with the second, the first kept */
+	CHECK(!tc_epochs_create(&e, NSLOTS));
+	tc_epoch_load_begin(&e, 40);
+	CHECK(!tc_epoch_load(&e, 1, 44) && !has_tags(&e));
+	tc_host_fail_allocs = 1;
+	CHECK(tc_epoch_load(&e, 2, 41) == -ENOMEM);
+	CHECK(!tc_epoch_load(&e, 2, 41) && has_tags(&e));
+	CHECK(!tc_epoch_load_end(&e, false));
+	CHECK(e.oldest == 41 && e.cur == 44);
+	CHECK(tc_epoch_of(&e, 1, 40) == 44 && tc_epoch_of(&e, 2, 40) == 41);
+	CHECK(tc_epoch_nr(&e, 44) == 1 && tc_epoch_nr(&e, 41) == 1);
+	tc_epochs_destroy(&e);
+}
+
 int main(void)
 {
 	test_edges();
 	test_load();
-	test_random();
+	test_random(0);
+	test_random(100000);
+	test_lazy_tags();
 	test_race();
 	if (failures) {
 		fprintf(stderr, "test_epoch: %d checks failed\n", failures);

@@ -39,6 +39,13 @@ cached device at a flush could have left).
   7  ordered, a partial write to an uncached block (it goes around the
      cache) under a steady stream of writes and fsyncs: it waits for the
      epochs before it only, not for writeback to catch up with the stream
+  8  `set ordered 1` on a cache with dirty blocks written under the
+     default policy (which keeps no per-slot epoch tags: they are
+     allocated at the switch, every dirty block in the one epoch): the
+     blocks rewritten after the next flush are copied on write, and the
+     flush passes the origin only through legal states; loaded again by a
+     default-policy table (the load meets three epochs and allocates the
+     tags), writeback still drains them in order
 """
 
 import os
@@ -493,3 +500,44 @@ def test_ordered_partial_write_not_starved_by_fsyncs(stack):
     origin.reload(origin.table.rsplit(" ", 1)[0] + " 0")   # drain fast
     tc.flush()
     assert get(origin.path, 100) == bytes(want)
+
+
+def test_ordered_switched_on_over_dirty_blocks(stack):
+    lw, logdev = origin_stack(stack)
+    tc, cache = make(stack, False, lw)
+    name = tc.name
+    put(tc.path, A, pat("a1"))
+    put(tc.path, BB, pat("b1"))
+    fsync_dev(tc.path)              # the default policy: no new epoch
+    assert dirty(tc) == 2 and epochs(tc) == (0, 0), tc.status_line()
+    tc.message("set", "ordered", "1")
+    fsync_dev(tc.path)              # opens epoch 1: A and B are epoch 0's
+    assert epochs(tc) == (0, 1), tc.status_line()
+    put(tc.path, A, pat("a2"))      # copied on write
+    put(tc.path, C, pat("c1"))
+    fsync_dev(tc.path)
+    x = b"X" * 512
+    bx = bytearray(pat("b1"))
+    bx[1024:1536] = x
+    put(tc.path, BB, x, off=1024)   # partial: copied from epoch 0
+    put(tc.path, A, pat("a3"))
+    fsync_dev(tc.path)
+    hist = [{A: pat("a1"), BB: pat("b1")}, {A: pat("a2"), C: pat("c1")},
+            {BB: bytes(bx), A: pat("a3")}]
+    assert dirty(tc) == 6, tc.status_line()
+    assert epochs(tc) == (0, 3), tc.status_line()
+    for blk, d in ((A, hist[2][A]), (BB, hist[2][BB]), (C, hist[1][C])):
+        assert get(tc.path, blk) == d
+    # a default-policy table loads the three epochs and drains them in order
+    tc.remove()
+    tc, _ = make(stack, False, lw, name=name + "b", fmt=False, cache=cache)
+    assert dirty(tc) == 6, tc.status_line()
+    assert epochs(tc) == (0, 2), tc.status_line()
+    lw.message("mark", "wb")
+    tc.flush()
+    lw.message("mark", "end")
+    states, bad, _ = replay_check(logdev, "wb", hist)
+    assert bad is None, f"illegal origin state after {states} writes: {bad}"
+    assert states >= 6, f"only {states} origin writes replayed"
+    for blk, d in ((A, hist[2][A]), (BB, hist[2][BB]), (C, hist[1][C])):
+        assert get(tc.path, blk) == d
