@@ -17,7 +17,11 @@
 #            (16 times the cache): what a used (dirty) slot costs on top,
 #            from the growth of vmalloc and slab memory (MemAvailable moves
 #            by tens of MiB with fio itself: too coarse for this); "full"
-#            adds the two: the memory of a cache with every slot used;
+#            adds the two: the memory of a cache with every slot used.
+#            Caches of at most FULL_GIB (default 16) are filled for real
+#            instead: 1.1 writes per slot, until (nearly) every slot holds
+#            a dirty block ("used" says how many), so the dirty order's
+#            growth is measured, not extrapolated from a sample;
 #   load     a cache device on a sparse file in the guest's tmpfs (real
 #            metadata, read back): created, N random 4 KiB writes made
 #            dirty (for each N of LOAD_DIRTY), removed, and created again
@@ -32,6 +36,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 SIZES_GIB=${SIZES_GIB:-16 256 1024}
 FILL_BLOCKS=${FILL_BLOCKS:-262144}
+FULL_GIB=${FULL_GIB:-16}
 # dm-writecache allocates about 56 B per block at create (lvmcache(7): 2 GiB
 # per 100 GiB) and may wake the OOM killer: not tried above this size
 WC_MAX_GIB=${WC_MAX_GIB:-256}
@@ -46,7 +51,7 @@ MEMORY=${MEMORY:-6G}
 . "$REPO/scripts/lib.sh"
 
 if [ "${1:-}" != "--inside" ]; then
-	tc_bench_vm "$MEMORY" "SIZES_GIB='$SIZES_GIB' FILL_BLOCKS=$FILL_BLOCKS LOAD_DIRTY='$LOAD_DIRTY' WC_MAX_GIB=$WC_MAX_GIB PARTS='$PARTS' TARGETS='$TARGETS' TIERCACHE_KO='${TIERCACHE_KO:-}'" "$0"
+	tc_bench_vm "$MEMORY" "SIZES_GIB='$SIZES_GIB' FILL_BLOCKS=$FILL_BLOCKS LOAD_DIRTY='$LOAD_DIRTY' FULL_GIB=$FULL_GIB WC_MAX_GIB=$WC_MAX_GIB PARTS='$PARTS' TARGETS='$TARGETS' TIERCACHE_KO='${TIERCACHE_KO:-}'" "$0"
 	exit 0
 fi
 
@@ -165,7 +170,7 @@ random_writes() {	# DEV COUNT SEED
 
 # memory and create time on null_blk
 mem_row() {	# TARGET GIB
-	local t=$1 gib=$2 o c a0 a1 k1 k2 secs n u per_create per_used
+	local t=$1 gib=$2 o c a0 a1 k1 k2 secs n u per_create per_used fill
 	if [ "$t" = writecache ] && [ "$gib" -gt "$WC_MAX_GIB" ]; then
 		printf '%-10s %6s %s\n' "$t" "${gib}G" "not tried (WC_MAX_GIB=$WC_MAX_GIB: about 56 B per block would not fit)"
 		return
@@ -182,12 +187,15 @@ mem_row() {	# TARGET GIB
 	a1=$(avail_kib)
 	k1=$(kmem_kib)
 	n=$(slots "$t")
-	random_writes /dev/mapper/mb-tc "$FILL_BLOCKS" 7
+	fill=$FILL_BLOCKS
+	[ "$gib" -gt "$FULL_GIB" ] || fill=$((n + n / 10))
+	random_writes /dev/mapper/mb-tc "$fill" 7
 	k2=$(kmem_kib)
 	u=$(used "$t")
 	per_create=$(awk -v a="$a0" -v b="$a1" -v n="$n" 'BEGIN { printf "%.1f", (a - b) * 1024 / n }')
 	per_used=$(awk -v a="$k1" -v b="$k2" -v n="$u" 'BEGIN { printf "%.1f", n ? (b - a) * 1024 / n : 0 }')
-	printf '%-10s %6s %12s %10s %12s %12s %10s\n' "$t" "${gib}G" "$n" \
+	printf '%-10s %6s %12s %7s%% %10s %12s %12s %10s\n' "$t" "${gib}G" "$n" \
+		"$(awk -v u="$u" -v n="$n" 'BEGIN { printf "%.1f", u * 100 / n }')" \
 		"$per_create" "$per_used" \
 		"$(awk -v a="$per_create" -v b="$per_used" 'BEGIN { printf "%.1f", a + b }')" \
 		"$secs"
@@ -239,8 +247,8 @@ load_row() {	# TARGET GIB DIRTY
 }
 
 if [[ " $PARTS " == *" mem "* ]]; then
-	echo "memory per slot (4 KiB slots; origin 16x the cache; $FILL_BLOCKS random writes fill)"
-	printf '%-10s %6s %12s %10s %12s %12s %10s\n' target cache slots "B/slot" "B/used slot" "B/slot full" "create s"
+	echo "memory per slot (4 KiB slots; origin 16x the cache; $FILL_BLOCKS random writes fill, caches of at most $FULL_GIB GiB filled)"
+	printf '%-10s %6s %12s %8s %10s %12s %12s %10s\n' target cache slots used "B/slot" "B/used slot" "B/slot full" "create s"
 	for gib in $SIZES_GIB; do
 		for t in $TARGETS; do
 			mem_row "$t" "$gib"
