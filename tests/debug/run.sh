@@ -15,6 +15,9 @@
 #   4. fail on any KASAN, lockdep, DEBUG_OBJECTS, might_sleep or kmemleak
 #      report in the guest's kernel log (tests/debug/dmesg-debug.txt) or in
 #      kmemleak.txt; results/<stamp>/debug-report.txt
+# The whole list takes hours under emulation: `touch results/<stamp>/stop`
+# ends the run after the test in progress, with the kmemleak scan and the
+# report (pytest then says "Interrupted", and the run fails as incomplete).
 set -euo pipefail
 
 main() {

@@ -95,3 +95,14 @@ def pytest_runtest_logreport(report):
     if report.failed:
         for line in report.longreprtext.splitlines()[-12:]:
             tclib.kmsg(f"FAILED {report.nodeid} ({report.when}): {line[:400]}")
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """A file named `stop` in the results dir (created from the host) ends
+    the run after the test in progress, as if it were the last one: what
+    inside.sh does after pytest (the module unload, the debug kernel's
+    kmemleak scan) still runs."""
+    res = os.environ.get("TC_RESULTS")
+    if nextitem is not None and res and os.path.exists(os.path.join(res, "stop")):
+        item.session.shouldstop = "stop file in the results dir"
+        tclib.kmsg(f"stop file: ending the run after {item.nodeid}")

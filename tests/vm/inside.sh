@@ -7,6 +7,10 @@
 # (TESTS, PYTEST_TIMEOUT, KO) written by run.sh; this script leaves:
 #   junit.xml, pytest.log, pytest-rc, dmesg.txt (final), dmesg-live.txt,
 #   modules.txt, done (written last: its absence means the VM died).
+# A file named `stop` created in the results dir (from the host) ends
+# pytest after the test in progress (conftest.py), and what follows it
+# here still runs: the module unload and, on the debug kernel, the
+# kmemleak scan.
 set -u
 
 RES=${1:?usage: inside.sh RESULTS_DIR}
