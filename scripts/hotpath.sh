@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: GPL-2.0
 #
 # hotpath.sh - foreground 4 KiB IO of cached data: the raw cache device,
-# tiercache and dm-writecache side by side in one boot (a benchmark, not a
-# test).
+# dm-linear over it (what any device-mapper target costs), tiercache and
+# dm-writecache side by side in one boot (a benchmark, not a test).
 #
 #   scripts/hotpath.sh            boots the test VM and runs it there
 #   scripts/hotpath.sh --inside   the benchmark itself (root, inside the VM)
@@ -14,7 +14,8 @@
 # iodepth 1 and 8, RUNTIME seconds each, over REGION_MIB) fio prints IOPS,
 # mean, p99 and max completion latency; ROUNDS rounds alternate the
 # devices so drift under emulation hits all of them alike.  The last
-# columns divide by the raw device of the same round.
+# columns divide by the raw device of the same round, the very last by
+# dm-linear's.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -36,6 +37,7 @@ NB=/sys/kernel/config/nullb/hpo
 cleanup() {
 	dmsetup remove hp-tc 2>/dev/null || true
 	dmsetup remove hp-wc 2>/dev/null || true
+	dmsetup remove hp-lin 2>/dev/null || true
 	if [ -d "$NB" ]; then
 		echo 0 >"$NB/power" || true
 		rmdir "$NB" || true
@@ -45,7 +47,7 @@ cleanup() {
 trap cleanup EXIT
 
 CACHE_MIB=$((REGION_MIB * 2 + 64))
-modprobe brd rd_nr=3 rd_size=$((CACHE_MIB * 1024))
+modprobe brd rd_nr=4 rd_size=$((CACHE_MIB * 1024))
 modprobe null_blk nr_devices=0
 modprobe dm-writecache
 modprobe libcrc32c 2>/dev/null || true
@@ -64,6 +66,7 @@ dmsetup create hp-tc --table \
 	"0 $len tiercache $origin /dev/ram1 8 5 format high_watermark 100 low_watermark 0"
 dmsetup create hp-wc --table \
 	"0 $len writecache s $origin /dev/ram2 4096 4 high_watermark 100 low_watermark 99"
+dmsetup create hp-lin --table "0 $(blockdev --getsz /dev/ram3) linear /dev/ram3 0"
 dmsetup mknodes
 
 # job DEV RW DEPTH: "iops mean_us p99_us max_us"
@@ -81,31 +84,35 @@ print("%.0f %.1f %.1f %.1f" % (d["iops"], c["mean"] / 1e3, p99 / 1e3, c["max"] /
 }
 
 # every device gets its region written once: reads then hit cached data
-for dev in /dev/ram0 /dev/mapper/hp-tc /dev/mapper/hp-wc; do
+for dev in /dev/ram0 /dev/mapper/hp-lin /dev/mapper/hp-tc /dev/mapper/hp-wc; do
 	fio --name=warm --filename=$dev --bs=1M --direct=1 --rw=write \
 	    --size=${REGION_MIB}M --output=/dev/null
 done
 
 # a write that found the dirty order's tail full went around the cache
 echo "tiercache after warming: $(dmsetup status hp-tc | awk '{ print "used/slots " $6 ", dirty " $7 ", write bypass " $12 }')"
-printf '%-5s %-10s %5s %-10s %9s %9s %9s %10s %7s %7s\n' round job depth device \
-	iops "mean us" "p99 us" "max us" "x iops" "x p99"
+printf '%-5s %-10s %5s %-10s %9s %9s %9s %10s %7s %7s %7s\n' round job depth device \
+	iops "mean us" "p99 us" "max us" "x iops" "x p99" "x lin"
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b ? a / b : 0 }'; }
 for round in $(seq 1 "$ROUNDS"); do
 	for rw in randwrite randread; do
 		for depth in 1 8; do
 			raw=$(job /dev/ram0 $rw $depth)
-			for dev in ram0 tiercache writecache; do
+			lin=$(job /dev/mapper/hp-lin $rw $depth)
+			for dev in ram0 dm-linear tiercache writecache; do
 				case $dev in
 				ram0) r=$raw ;;
+				dm-linear) r=$lin ;;
 				tiercache) r=$(job /dev/mapper/hp-tc $rw $depth) ;;
 				writecache) r=$(job /dev/mapper/hp-wc $rw $depth) ;;
 				esac
 				read -r iops mean p99 max <<<"$r"
 				read -r riops _ rp99 _ <<<"$raw"
-				printf '%-5s %-10s %5s %-10s %9s %9s %9s %10s %7s %7s\n' \
+				read -r liops _ _ _ <<<"$lin"
+				printf '%-5s %-10s %5s %-10s %9s %9s %9s %10s %7s %7s %7s\n' \
 					"$round" $rw $depth $dev "$iops" "$mean" "$p99" "$max" \
-					"$(awk -v a="$iops" -v b="$riops" 'BEGIN { printf "%.2f", b ? a / b : 0 }')" \
-					"$(awk -v a="$p99" -v b="$rp99" 'BEGIN { printf "%.2f", b ? a / b : 0 }')"
+					"$(ratio "$iops" "$riops")" "$(ratio "$p99" "$rp99")" \
+					"$(ratio "$iops" "$liops")"
 			done
 		done
 	done
