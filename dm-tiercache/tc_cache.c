@@ -147,14 +147,14 @@ static struct tc_cache *tc_cache_alloc(struct tc_target *t,
  * A new state whose index, dirty order and metadata state would take more
  * memory than is available is refused up front, with the figures.  The
  * dirty order is counted at its peak: 4 B per slot with every slot dirty
- * (as a load may find them), twice while it grows; the metadata has 7
+ * (as a load may find them), twice while it grows; the metadata has 4
  * bitmaps of one bit per slot, 8 B per 128 slots and its 1 MiB buffer.  A
  * table that attaches to a live state allocates none of it.
  */
 static int tc_cache_check_memory(struct tc_cache *c, char **error)
 {
 	u64 n = c->nr_slots;
-	u64 need = tc_index_bytes(n) + n * 8 + n * 7 / 8 + n / 16 + SZ_1M;
+	u64 need = tc_index_bytes(n) + n * 8 + n / 2 + n / 16 + SZ_1M;
 	u64 avail = (u64)si_mem_available() << PAGE_SHIFT;
 
 	if (need <= avail)

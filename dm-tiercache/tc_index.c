@@ -280,6 +280,21 @@ int tc_alloc_slot(struct tc_cache *c, u64 block, u32 *slot)
 	return r;
 }
 
+/*
+ * Park @slot, which has no owner and may be dirty on disk, until a commit
+ * records it clean; called under the metadata lock, like tc_slot_unpark().
+ */
+void tc_slot_park(struct tc_cache *c, u32 slot)
+{
+	WARN_ON_ONCE(tc_slot_test_and_set(&c->ix.sl, slot, TC_SF_PARKED));
+}
+
+/* A commit recorded @slot clean: true if it was parked (free it now). */
+bool tc_slot_unpark(struct tc_cache *c, u32 slot)
+{
+	return tc_slot_test_and_clear(&c->ix.sl, slot, TC_SF_PARKED);
+}
+
 /* @slot holds nothing and nobody owns it: give it back. */
 void tc_free_slot(struct tc_cache *c, u32 slot)
 {

@@ -57,6 +57,10 @@ u64 tc_slot_origin(struct tc_cache *c, u32 slot);
 u32 tc_nr_used(struct tc_cache *c);
 u32 tc_nr_dirty(struct tc_cache *c);
 
+/* slots waiting for a commit, by the metadata (under its lock) */
+void tc_slot_park(struct tc_cache *c, u32 slot);
+bool tc_slot_unpark(struct tc_cache *c, u32 slot);
+
 /* changes, by the holder of the block's lock */
 int tc_alloc_slot(struct tc_cache *c, u64 block, u32 *slot);
 void tc_free_slot(struct tc_cache *c, u32 slot);

@@ -22,7 +22,9 @@
  * changed, on suspend and when the last table goes.
  *
  * A slot that may be dirty on disk (disk_dirty) is not reused until a
- * commit has recorded it otherwise: freeing it parks it in pending_free.
+ * commit has recorded it otherwise: freeing it parks it (PARKED in its slot
+ * word, tc_slots.h).  An entry dropped while its slot may be dirty on disk
+ * is stale (tc_meta_stale()): disk_dirty without want_valid, counted.
  *
  * The commit takes the wanted state of one block at a time under the lock
  * (bio completions change it, so it is taken with interrupts off, for 128
@@ -35,9 +37,11 @@
  * what the disk says already is kept as it is: the same as a rewrite of a
  * dirty block in flight at a crash.)  A block that cannot be read fails
  * the commit: its entries' sequences cannot be rebuilt (a cache device
- * that cannot read its metadata is failing).  What the commit wrote of
- * each entry is kept as one bit per slot (wrote_clean): the commit, once
- * complete, forgets the disk dirtiness of the entries it wrote clean.
+ * that cannot read its metadata is failing).  The commit, once complete,
+ * forgets the disk dirtiness of the entries of its blocks that are wanted
+ * clean and did not change since it started: those it wrote clean, or
+ * found clean.  An entry changed since (late) stays dirty on disk for the
+ * next commit, which its change queued.
  * Changes of an entry never turn a committed dirty entry into one whose
  * loss loses data (see tc_meta_set()).
  *
@@ -113,6 +117,9 @@ void tc_meta_set(struct tc_cache *c, u32 slot, bool dirty)
 	    test_bit(slot, m->want_dirty) == dirty)
 		return;
 	spin_lock_irqsave(&m->lock, flags);
+	/* a stale slot is not given another block (tc_meta_defer_free()) */
+	WARN_ON_ONCE(!test_bit(slot, m->want_valid) &&
+		     test_bit(slot, m->disk_dirty));
 	__set_bit(slot, m->want_valid);
 	__assign_bit(slot, m->want_dirty, dirty);
 	if (dirty && !__test_and_set_bit(slot, m->disk_dirty))
@@ -132,8 +139,8 @@ void tc_meta_clear(struct tc_cache *c, u32 slot)
 		__clear_bit(slot, m->want_valid);
 		__clear_bit(slot, m->want_dirty);
 		tc_meta_changed(c, slot);
-		if (test_bit(slot, m->disk_dirty) &&
-		    !__test_and_set_bit(slot, m->stale))
+		/* stale now: see tc_meta_stale() */
+		if (test_bit(slot, m->disk_dirty))
 			atomic_inc(&m->nr_stale);
 	}
 	spin_unlock_irqrestore(&m->lock, flags);
@@ -164,7 +171,7 @@ bool tc_meta_defer_free(struct tc_cache *c, u32 slot)
 	spin_lock_irqsave(&m->lock, flags);
 	defer = test_bit(slot, m->disk_dirty);
 	if (defer)
-		__set_bit(slot, m->pending_free);
+		tc_slot_park(c, slot);
 	spin_unlock_irqrestore(&m->lock, flags);
 	return defer;
 }
@@ -174,7 +181,9 @@ bool tc_meta_defer_free(struct tc_cache *c, u32 slot)
  * commit records them empty, a crash would bring their older data back
  * over anything written to those blocks around the cache.  Counted when
  * the entry is dropped (tc_meta_clear()), not when its slot is freed: the
- * slot may wait for the dirty order or a writeback request first.
+ * slot may wait for the dirty order or a writeback request first.  A stale
+ * slot is one with disk_dirty but not want_valid: it takes no other block
+ * before a commit clears disk_dirty (and the count) after_commit.
  */
 bool tc_meta_stale(struct tc_cache *c)
 {
@@ -221,9 +230,8 @@ static u64 tc_meta_snapshot(struct tc_meta *m, bool *any)
 
 /*
  * Note what the entries of metadata block @mb should say, with commit
- * sequence @seq (the next one for late changes), and which of them go to
- * disk clean.  Called with the lock held: bits and blocks only, no
- * checksums.
+ * sequence @seq (the next one for late changes).  Called with the lock
+ * held: bits and blocks only, no checksums.
  */
 static void tc_meta_want_block(struct tc_cache *c, u64 mb, u64 seq)
 {
@@ -241,7 +249,6 @@ static void tc_meta_want_block(struct tc_cache *c, u64 mb, u64 seq)
 		w->epoch = w->dirty ? (u16)tc_epoch_of(&c->ix.ep, s,
 						       m->commit_epoch) : 0;
 		w->seq = late && test_bit(s, m->late) ? seq + 1 : seq;
-		__assign_bit(s, m->wrote_clean, !w->dirty);
 	}
 }
 
@@ -444,7 +451,43 @@ static int tc_meta_write_sb(struct tc_cache *c, u64 seq)
 			  REQ_OP_WRITE | REQ_SYNC | REQ_PREFLUSH | REQ_FUA);
 }
 
-/* After a commit: forget disk dirtiness it cleared, release parked slots. */
+/*
+ * After a commit, slot @s of one of its blocks: is its entry on disk clean
+ * (or empty) for sure?  Yes if it is wanted clean and did not change since
+ * the commit started: the commit wrote it so, or found it so.  A change
+ * since (a late bit of the open sequence) may have come after the commit
+ * took the entry dirty: the next commit, which it queued, decides.  Under
+ * the lock.
+ */
+static bool tc_meta_disk_clean(struct tc_meta *m, u32 s)
+{
+	u64 mb = s / TC_ENTRIES_PER_MBLOCK;
+
+	if (test_bit(s, m->want_dirty))
+		return false;
+	return m->late_seq[mb] != m->open_seq || !test_bit(s, m->late);
+}
+
+/* After a commit: slot @s is no longer dirty on disk if it can tell. */
+static void tc_meta_settle_slot(struct tc_cache *c, u32 s)
+{
+	struct tc_meta *m = &c->meta;
+	bool release = false;
+
+	spin_lock_irq(&m->lock);
+	if (test_bit(s, m->disk_dirty) && tc_meta_disk_clean(m, s)) {
+		__clear_bit(s, m->disk_dirty);
+		atomic64_dec(&m->nr_disk_dirty);
+		if (!test_bit(s, m->want_valid))
+			atomic_dec(&m->nr_stale);	/* no longer stale */
+		release = tc_slot_unpark(c, s);
+	}
+	spin_unlock_irq(&m->lock);
+	if (release)
+		tc_free_slot(c, s);
+}
+
+/* After a commit: forget disk dirtiness it cleared, free parked slots. */
 static void tc_meta_after_commit(struct tc_cache *c)
 {
 	struct tc_meta *m = &c->meta;
@@ -456,26 +499,8 @@ static void tc_meta_after_commit(struct tc_cache *c)
 		first = mb * TC_ENTRIES_PER_MBLOCK;
 		last = min_t(u64, first + TC_ENTRIES_PER_MBLOCK,
 			     m->layout.nr_slots);
-		for (s = first; s < last; s++) {
-			bool release = false;
-
-			spin_lock_irq(&m->lock);
-			if (test_bit(s, m->wrote_clean) &&
-			    !test_bit(s, m->want_dirty) &&
-			    __test_and_clear_bit(s, m->disk_dirty))
-				atomic64_dec(&m->nr_disk_dirty);
-			if (!test_bit(s, m->disk_dirty) &&
-			    __test_and_clear_bit(s, m->stale))
-				atomic_dec(&m->nr_stale);
-			if (test_bit(s, m->pending_free) &&
-			    !test_bit(s, m->disk_dirty)) {
-				__clear_bit(s, m->pending_free);
-				release = true;
-			}
-			spin_unlock_irq(&m->lock);
-			if (release)
-				tc_free_slot(c, s);
-		}
+		for (s = first; s < last; s++)
+			tc_meta_settle_slot(c, s);
 		cond_resched();
 	}
 }
@@ -691,9 +716,6 @@ static int tc_meta_alloc(struct tc_meta *m)
 	m->changed = tc_bitmap_alloc(n);
 	m->snap = tc_bitmap_alloc(n);
 	m->disk_dirty = tc_bitmap_alloc(m->layout.nr_slots);
-	m->pending_free = tc_bitmap_alloc(m->layout.nr_slots);
-	m->stale = tc_bitmap_alloc(m->layout.nr_slots);
-	m->wrote_clean = tc_bitmap_alloc(m->layout.nr_slots);
 	m->want_valid = tc_bitmap_alloc(m->layout.nr_slots);
 	m->want_dirty = tc_bitmap_alloc(m->layout.nr_slots);
 	/* slots rounded up to whole blocks: late bits are cleared by block */
@@ -702,8 +724,8 @@ static int tc_meta_alloc(struct tc_meta *m)
 	m->want_buf = kmalloc_array(TC_ENTRIES_PER_MBLOCK,
 				    sizeof(*m->want_buf), GFP_KERNEL);
 	if (!m->bounce || !m->changed || !m->snap || !m->disk_dirty ||
-	    !m->pending_free || !m->stale || !m->wrote_clean || !m->want_valid ||
-	    !m->want_dirty || !m->late || !m->late_seq || !m->want_buf)
+	    !m->want_valid || !m->want_dirty || !m->late || !m->late_seq ||
+	    !m->want_buf)
 		return -ENOMEM;
 	return tc_msum_alloc(m);
 }
@@ -713,7 +735,6 @@ void tc_meta_free(struct tc_cache *c)
 	struct tc_meta *m = &c->meta;
 
 	vfree(m->bounce);
-	kvfree(m->wrote_clean);
 	kvfree(m->want_valid);
 	kvfree(m->want_dirty);
 	kvfree(m->late);
@@ -722,8 +743,6 @@ void tc_meta_free(struct tc_cache *c)
 	kvfree(m->changed);
 	kvfree(m->snap);
 	kvfree(m->disk_dirty);
-	kvfree(m->pending_free);
-	kvfree(m->stale);
 	tc_msum_free(m);
 	free_page((unsigned long)m->sb);
 	m->bounce = NULL;

@@ -37,7 +37,9 @@
  *   WB          set and cleared by the writeback, read by writers/discards
  *   REWRITTEN   set by a write while WB is set, cleared by the writeback
  *   OWED        set by a write a running full flush owes, cleared by it
- *   OLDER       unused (an older version is one the map does not give first)
+ *   PARKED      the slot has no owner but waits for a commit before it may
+ *               be given out again (it may be dirty on disk); set and
+ *               cleared under the metadata lock (tc_meta.c)
  *   QUEUED      the slot is in the dirty order (tc_dorder.c), exactly once;
  *               set with DIRTY under the tail lock, cleared by the merge
  *               when the slot is no longer dirty.  While QUEUED (or WB)
@@ -71,7 +73,7 @@ enum tc_slot_flag {
 	TC_SF_WB,		/* in a writeback request */
 	TC_SF_REWRITTEN,	/* written while in writeback: stays dirty */
 	TC_SF_OWED,		/* a running full flush owes the origin this */
-	TC_SF_OLDER,		/* unused: see tc_lookup_version() */
+	TC_SF_PARKED,		/* free once a commit records it clean */
 	TC_SF_QUEUED,		/* in the dirty order */
 	TC_SF_NR,
 };

@@ -187,7 +187,6 @@ struct tc_meta {
 	struct tc_layout layout;
 	void *bounce;			/* the running commit's copies */
 	u64 bounce_blocks;		/* metadata blocks it holds */
-	unsigned long *wrote_clean;	/* slots the commit wrote clean */
 	unsigned long *want_valid;	/* slots whose entry names a block */
 	unsigned long *want_dirty;	/* ... as dirty */
 	unsigned long *late;		/* changed in the open sequence */
@@ -197,10 +196,8 @@ struct tc_meta {
 	unsigned long *snap;		/* blocks of the running commit */
 	unsigned long *disk_dirty;	/* slots maybe dirty on disk */
 	atomic64_t nr_disk_dirty;	/* bits set in disk_dirty */
-	unsigned long *pending_free;	/* freed slots waiting for a commit */
-	unsigned long *stale;		/* dropped, maybe dirty on disk */
-	atomic_t nr_stale;		/* bits set in stale */
-	spinlock_t lock;		/* wanted state, changed, bitmaps, waiting */
+	atomic_t nr_stale;		/* disk_dirty without want_valid */
+	spinlock_t lock;		/* wanted state, changed, bitmaps, PARKED, waiting */
 	struct mutex commit_lock;
 	u64 open_seq;			/* the commit new changes go to */
 	u64 committed_seq;
