@@ -182,6 +182,11 @@ static int tc_cache_create(struct tc_cache *c, struct tc_target *t,
 		*error = "Cannot allocate the cache state";
 		return r;
 	}
+	/* before a format or a load writes to the cache device */
+	if (t->val[TC_KEY_ORDERED] && tc_epoch_need_tags(&c->ix.ep)) {
+		*error = "Cannot allocate the epoch tags (ordered 1)";
+		return -ENOMEM;
+	}
 	r = tc_meta_open(c, t, error);
 	if (r)
 		return r;

@@ -134,7 +134,11 @@ static int tc_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 		goto bad;
 	}
 	t->c = c;
-	/* the ordered policy needs the epoch tags before it is switched on */
+	/*
+	 * The ordered policy needs the epoch tags before it is switched on: a
+	 * new state has them (tc_cache_create()), one this table attaches to
+	 * may not.
+	 */
 	r = t->val[TC_KEY_ORDERED] ? tc_epoch_need_tags(&c->ix.ep) : 0;
 	if (r) {
 		ti->error = "Cannot allocate the epoch tags (ordered 1)";
