@@ -8,6 +8,7 @@ import pytest
 
 import tcdisk
 import tclib
+from faults import Bg, swap
 from tclib import KiB, MiB, stat_delta
 
 pytestmark = [pytest.mark.module, pytest.mark.usefixtures("tc_module")]
@@ -87,6 +88,62 @@ def test_discard_drops_cached_copies_and_reaches_origin(stack):
     tc.flush()
     tc.remove()
     m.verify_device(nb, what="origin after discard + flush")
+
+
+def test_dropped_dirty_slots_wait_for_a_commit_then_come_back(stack):
+    """Dirty blocks discarded before any commit recorded them leave slots
+    that the disk still records dirty: they are parked, not given out,
+    until the discard's commit records them empty, and then freed.  The
+    cache device's writes are delayed so that the commit takes seconds
+    and the writeback engine's merge frees the slots inside it (on a RAM
+    disk the commit usually ends first and nothing is ever parked)."""
+    delay_ms = 4000
+    nb = stack.nullb(64, discard=True)
+    cache = stack.slow(16 * MiB)
+    backing = cache.table.split()[3]
+    n = tclib.size_sectors(cache.path)
+    m = tclib.seeded_origin(nb, seed=133)
+    tc = stack.tiercache(nb, cache.path, 8, "writeback",
+                         keys={"commit_ms": 600000, "high_watermark": 100,
+                               "low_watermark": 99})
+    with tclib.Workload(tc.path, m, seed=134) as wl:
+        for off in range(0, 64 * B, B):
+            wl.write_direct(off, B)
+    st0 = tc.status()
+    used0 = st0["used"]     # with clean copies the device's probes read
+    assert st0["dirty"] == 64 and used0 >= 64, st0["raw"]
+    swap(cache, f"0 {n} delay {backing} 0 0 {backing} 0 {delay_ms}")
+    try:
+        bg = Bg(tclib.discard, tc.path, 0, 64 * B)
+        # the discard's commit: a flush, the entries, the superblock
+        seen = []
+        while bg.alive():
+            seen.append((time.monotonic(), tc.status()["used"]))
+            time.sleep(0.2)
+        bg.join(120, "discard")
+        if bg.error:
+            raise bg.error
+    finally:
+        swap(cache, f"0 {n} delay {backing} 0 0 {backing} 0 0")
+    st = tc.status()
+    print("used while the discard committed:", [u for _, u in seen],
+          "after:", st["raw"])
+    assert bg.t1 - bg.t0 >= 2 * delay_ms / 1000, \
+        f"the discard took {bg.t1 - bg.t0:.1f}s: its commit did not wait for the delayed device"
+    # no slot was given out while the disk could still say it is dirty: the
+    # samples up to the commit's superblock write (the last delayed write)
+    early = [u for t, u in seen if t < bg.t1 - delay_ms / 1000 + 0.5]
+    assert len(early) >= 2 and min(early) == used0, \
+        f"slots freed before the commit: used {early}"
+    # and once the commit recorded them empty, every one is free again
+    deadline = time.monotonic() + 10
+    while tc.status()["used"] > used0 - 64 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    st = tc.status()
+    assert st["used"] == used0 - 64 and st["dirty"] == 0, \
+        f"slots parked for a commit were never freed: {st['raw']}"
+    m.data[0:64 * B] = bytes(64 * B)
+    m.verify_device(tc.path, what="read back after discard")
 
 
 def test_partial_block_discard_keeps_rest_of_block(stack):
