@@ -62,6 +62,10 @@ KEYS = {"high_watermark": 20, "low_watermark": 5, "commit_ms": 1000,
 
 
 def e2fsck(dev, *args):
+    # the device's page cache may hold blocks read before the writes that
+    # went to it through a stacked device (a udev probe of a new device
+    # while log-writes already holds it open): e2fsck reads buffered
+    tclib.flushbufs(dev)
     p = subprocess.run(["e2fsck", *args, dev], capture_output=True, text=True,
                        timeout=300)
     return p.returncode, p.stdout + p.stderr
