@@ -200,9 +200,15 @@ def test_rewrite_during_flush_stays_dirty(stack):
     w = BlockWriter(tc.path, model)
     w.write([7])
     first = bytes(model.data[7 * BS:8 * BS])
+    # the flush's origin write and origin flush take 4 s each: on a slow
+    # guest (the debug kernel) spawning dmsetup alone can take seconds
+    n = tclib.size_sectors(slow.path)
+    backing = slow.table.split()[3]
+    slow.suspend()
+    slow.reload(f"0 {n} delay {backing} 0 0 {backing} 0 4000")
     ev = tc.event_nr()
     tc.message("flush")
-    time.sleep(0.5)
+    # the message asks for the flush before it returns
     assert tc.status()["flush_state"] == "flushing"
     t = threading.Thread(target=w.write, args=([7],))
     t.start()                                  # waits for the block lock
