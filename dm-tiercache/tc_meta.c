@@ -118,8 +118,9 @@ void tc_meta_set(struct tc_cache *c, u32 slot, bool dirty)
 		return;
 	spin_lock_irqsave(&m->lock, flags);
 	/* a stale slot is not given another block (tc_meta_defer_free()) */
-	WARN_ON_ONCE(!test_bit(slot, m->want_valid) &&
-		     test_bit(slot, m->disk_dirty));
+	if (WARN_ON_ONCE(!test_bit(slot, m->want_valid) &&
+			 test_bit(slot, m->disk_dirty)))
+		atomic_dec(&m->nr_stale);	/* wanted valid: not stale */
 	__set_bit(slot, m->want_valid);
 	__assign_bit(slot, m->want_dirty, dirty);
 	if (dirty && !__test_and_set_bit(slot, m->disk_dirty))
@@ -229,6 +230,16 @@ static u64 tc_meta_snapshot(struct tc_meta *m, bool *any)
 }
 
 /*
+ * Did slot @s change since the running commit took its block (a late bit
+ * of the open sequence: bits of an older one are stale)?  Under the lock.
+ */
+static bool tc_meta_late(const struct tc_meta *m, u32 s)
+{
+	return m->late_seq[s / TC_ENTRIES_PER_MBLOCK] == m->open_seq &&
+	       test_bit(s, m->late);
+}
+
+/*
  * Note what the entries of metadata block @mb should say, with commit
  * sequence @seq (the next one for late changes).  Called with the lock
  * held: bits and blocks only, no checksums.
@@ -239,8 +250,6 @@ static void tc_meta_want_block(struct tc_cache *c, u64 mb, u64 seq)
 	struct tc_meta_want *w = m->want_buf;
 	u32 s = mb * TC_ENTRIES_PER_MBLOCK;
 	u32 last = min_t(u64, s + TC_ENTRIES_PER_MBLOCK, m->layout.nr_slots);
-	/* late bits count only if set while this commit runs */
-	bool late = m->late_seq[mb] == m->open_seq;
 
 	for (; s < last; s++, w++) {
 		w->valid = test_bit(s, m->want_valid);
@@ -248,7 +257,7 @@ static void tc_meta_want_block(struct tc_cache *c, u64 mb, u64 seq)
 		w->block = w->valid ? tc_slot_origin(c, s) : 0;
 		w->epoch = w->dirty ? (u16)tc_epoch_of(&c->ix.ep, s,
 						       m->commit_epoch) : 0;
-		w->seq = late && test_bit(s, m->late) ? seq + 1 : seq;
+		w->seq = tc_meta_late(m, s) ? seq + 1 : seq;
 	}
 }
 
@@ -461,11 +470,7 @@ static int tc_meta_write_sb(struct tc_cache *c, u64 seq)
  */
 static bool tc_meta_disk_clean(struct tc_meta *m, u32 s)
 {
-	u64 mb = s / TC_ENTRIES_PER_MBLOCK;
-
-	if (test_bit(s, m->want_dirty))
-		return false;
-	return m->late_seq[mb] != m->open_seq || !test_bit(s, m->late);
+	return !test_bit(s, m->want_dirty) && !tc_meta_late(m, s);
 }
 
 /* After a commit: slot @s is no longer dirty on disk if it can tell. */
