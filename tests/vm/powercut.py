@@ -3,184 +3,317 @@
 
 The ordered policy promises that the origin alone always holds a state the
 cached device could have had after a power cut.  With a dm-log-writes log
-above tiercache (the upper log: the writes and flushes the cached device
-received) and one below it (the origin's writes), this module decides that
-promise sector by sector for every replayed state of the origin, without
-trusting a file system to notice.
+above tiercache (the upper log: the data of every write the cached device
+received) and the issue and completion time of each of its bios (the
+block_bio_queue and block_bio_complete trace events of the cached device,
+BioTrace), this module decides that promise sector by sector for any state
+of the origin, without trusting a file system to notice.
 
-The upper log is cut into intervals at its FLUSH entries: interval 0 runs
-from the start mark to the first flush, interval k from flush k to flush
-k + 1 (a flush with data puts its data in the interval it opens).  A power
-cut in interval k leaves every write of the intervals before k (their last
-version of each sector) and any subset of the writes of interval k (any of
-the versions written in it).  So a sector holding content v allows the
-intervals k where v is the last version before k, or one written in k; a
-state is legal when one interval is allowed by every sector.
+The power-cut model (as tests/vm/test_98_ordered_race.py's): a cut at time
+T leaves, in each sector, a version whose write was issued before T and
+that no later version of the sector had made durable by T.  A write is
+durable once it completed with FUA, or once a flush issued after it
+completed has completed itself.  So content v in sector s allows the cuts
+[issue(w), durable-by-newer(w)] of each write w that put v there (and of
+the sector's content before the log, from the start); a state is legal
+when the cuts its sectors allow meet.  A discard leaves its sectors
+undefined: from its issue on, they allow any content.
 
-This is permissive: it allows every write of interval k at any cut in it,
-including the writes issued after the cut.  With `fua_ends=True` a FUA
-write also ends its interval (nothing logged after it may be on the
-device without it): stricter, but dm-log-writes logs a plain write only at
-the next flush, so a plain write logged after a FUA one may have completed
-before it, and the strict rule can refuse a legal state.  A state the
-permissive rule refuses is illegal for certain.
+The log gives each write's data, the trace its times: they are matched by
+(sector, length, FUA or not), in completion order (dm-log-writes logs a
+FUA write as it completes, a plain one at the next flush, in completion
+order).  A sector's versions follow each other in the order their writes
+were issued.
 
-dm-log-writes logs a write when it completes, so a write logged in
-interval k may have been issued before flush k came, and a power cut in
-interval k - 1 may leave it: `slack=1` lets each version stand in the
-interval before its own too.  That is the rule that refuses only illegal
-states (but for a write in flight across two flushes); it also lets a
-reordering by one interval pass.
-
-A discard leaves its sectors undefined: from its interval on, they allow
-any content.
-
-    h = History(upper_log, start_index, base_image)
+    trace = BioTrace(dev); trace.start(); ...; events = trace.stop()
+    h = History(upper_log, start_index, base_image, events)
     chk = h.checker(base_image)
     chk.update(image, sectors)   # after the lower replay changed them
-    chk.legal()                  # an interval every sector allows, or None
+    chk.legal()                  # a cut time every sector allows, or None
     chk.explain()                # why not, in words
 """
 
+import os
+import re
+
 import logwrites
 
+INF = float("inf")
+TRACING = "/sys/kernel/tracing"
 
-def _bits(lo, hi):
-    """Mask of intervals lo..hi inclusive."""
-    return ((1 << (hi - lo + 1)) - 1) << lo if hi >= lo else 0
+
+class Bio:
+    """One bio of the traced device: issue and completion times (s)."""
+
+    __slots__ = ("sector", "nr", "rwbs", "issued", "done")
+
+    def __init__(self, sector, nr, rwbs, issued, done=INF):
+        self.sector, self.nr, self.rwbs = sector, nr, rwbs
+        self.issued, self.done = issued, done
+
+    @property
+    def is_flush(self):
+        return self.rwbs.startswith("F")
+
+    @property
+    def op(self):
+        """R(ead), W(rite), D(iscard), ... (rwbs after the flush flag)."""
+        return self.rwbs.lstrip("F")[:1]
+
+    @property
+    def is_fua(self):
+        """rwbs: [F]lush, then the operation, then [F]UA."""
+        op = self.rwbs.lstrip("F")
+        return "F" in op[1:]
+
+    def __repr__(self):
+        return f"<bio {self.rwbs} {self.sector}+{self.nr} {self.issued:.6f}..{self.done:.6f}>"
+
+
+_EVENT = re.compile(r"\s(\d+\.\d+): block_bio_(queue|complete): (\d+),(\d+) (\S+) "
+                    r"(\d+) \+ (\d+)")
+
+
+def parse_trace(text, major, minor):
+    """Bios of device major:minor from ftrace's text.  A completion is
+    matched to its issue by (sector, length): not by rwbs, which may change
+    on the way (dm clears REQ_PREFLUSH of a flush with data before it
+    sends the data).  When several bios of one (sector, length) are in
+    flight at once, which completion is whose is unknown: each of them is
+    given the time the last of them completed (later, so never a stricter
+    verdict)."""
+    bios, flying = [], {}
+    for line in text.splitlines():
+        m = _EVENT.search(line)
+        if not m or (int(m[3]), int(m[4])) != (major, minor):
+            continue
+        t, kind, rwbs = float(m[1]), m[2], m[5]
+        key = (int(m[6]), int(m[7]))
+        if kind == "queue":
+            b = Bio(key[0], key[1], rwbs, t)
+            bios.append(b)
+            f = flying.setdefault(key, [[], 0])
+            f[0].append(b)
+        elif key in flying:
+            f = flying[key]
+            f[1] += 1
+            if f[1] == len(f[0]):
+                for b in f[0]:
+                    b.done = t
+                del flying[key]
+    return bios
+
+
+class BioTrace:
+    """ftrace of the bios a block device receives (issue and completion)."""
+
+    EVENTS = ("block/block_bio_queue", "block/block_bio_complete")
+
+    def __init__(self, dev):
+        st = os.stat(dev)
+        self.major, self.minor = os.major(st.st_rdev), os.minor(st.st_rdev)
+
+    def _w(self, name, value):
+        with open(os.path.join(TRACING, name), "w") as f:
+            f.write(value)
+
+    def start(self):
+        if not os.path.exists(os.path.join(TRACING, "trace")):
+            os.makedirs(TRACING, exist_ok=True)
+            os.system(f"mount -t tracefs nodev {TRACING}")
+        self._w("tracing_on", "0")
+        self._w("trace_clock", "global")
+        self._w("buffer_size_kb", "16384")
+        flt = f"dev == {(self.major << 20) | self.minor}"
+        for ev in self.EVENTS:
+            self._w(f"events/{ev}/filter", flt)
+            self._w(f"events/{ev}/enable", "1")
+        self._w("trace", "")
+        self._w("tracing_on", "1")
+
+    def close(self):
+        """Tracing off (idempotent; for clean-up)."""
+        self._w("tracing_on", "0")
+        for ev in self.EVENTS:
+            self._w(f"events/{ev}/enable", "0")
+            self._w(f"events/{ev}/filter", "0")
+
+    def stop(self):
+        """Tracing off; the bios traced since start()."""
+        self._w("tracing_on", "0")
+        with open(os.path.join(TRACING, "trace")) as f:
+            text = f.read()
+        self.text = text
+        self.close()
+        m = re.search(r"entries-in-buffer/entries-written: (\d+)/(\d+)", text)
+        if not m or m[1] != m[2]:
+            raise RuntimeError(f"trace lost events: {m and m[0]}")
+        return parse_trace(text, self.major, self.minor)
+
+
+def _union(spans):
+    """Sorted, merged [lo, hi] spans (closed: events of one time stamp
+    may have come in either order)."""
+    out = []
+    for lo, hi in sorted(s for s in spans if s[0] <= s[1]):
+        if out and lo <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return [tuple(s) for s in out]
+
+
+def _meet(a, b):
+    """Intersection of two sorted span lists."""
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo <= hi:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+ALL = [(-INF, INF)]
 
 
 class History:
-    """The versions each sector had in each interval of an upper log."""
+    """For each sector the versions written after log entry @start: the
+    cuts each allows."""
 
-    def __init__(self, log, start, base, fua_ends=False, slack=0):
+    def __init__(self, log, start, base, bios):
         self.ss = log.sectorsize
-        self.slack = slack
         self.base = base
-        self.versions = {}      # sector -> [(interval, hash, entry index)]
-        self.wild = {}          # sector -> interval of its first discard
-        self.starts = [start]   # interval -> index of the entry opening it
-        k = 0
+        flushes = sorted((b.issued, b.done) for b in bios if b.is_flush)
+        # dm-log-writes logs a FUA write when it completes, a plain one at
+        # the next flush: the log's order is the completion order among
+        # each kind, not across them
+        by_key = {}
+        for b in sorted((b for b in bios if b.nr and b.op in "WD"), key=lambda b: b.done):
+            by_key.setdefault((b.sector, b.nr, b.is_fua), []).append(b)
+        writes = {}             # sector -> [(issued, durable, hash, entry)]
+        self.wild = {}          # sector -> issue time of its first discard
+        self.unmatched = []
         for e in log.entries[start + 1:]:
-            if e.flags & logwrites.MARK:
+            if e.flags & logwrites.MARK or not e.nr_sectors:
                 continue
-            if e.flags & logwrites.FLUSH:
-                k += 1
-                self.starts.append(e.index)
+            fua = bool(e.flags & logwrites.FUA)
+            q = by_key.get((e.sector, e.nr_sectors, fua))
+            if not q:
+                self.unmatched.append(e.index)
+                continue
+            b = q.pop(0)
             if e.flags & logwrites.DISCARD:
                 for s in range(e.sector, e.sector + e.nr_sectors):
-                    self.wild.setdefault(s, k)
-            elif e.is_write:
-                data = log.data(e)
-                for n in range(e.nr_sectors):
-                    self.versions.setdefault(e.sector + n, []).append(
-                        (k, hash(data[n * self.ss:(n + 1) * self.ss]), e.index))
-            if fua_ends and e.flags & logwrites.FUA:
-                k += 1
-                self.starts.append(e.index)
-        self.last = k
-        self.all = _bits(0, k)
-        self._masks = {}
+                    self.wild[s] = min(self.wild.get(s, INF), b.issued)
+                continue
+            durable = b.done if fua else \
+                next((fd for fq, fd in flushes if fq >= b.done), INF)
+            data = log.data(e)
+            for n in range(e.nr_sectors):
+                writes.setdefault(e.sector + n, []).append(
+                    (b.issued, durable, hash(data[n * self.ss:(n + 1) * self.ss]), e.index))
+        for ws in writes.values():
+            ws.sort()           # a sector's versions in the order they were issued
+        # a version allows [issued, the earliest time a later one was durable)
+        self.versions = {}      # sector -> [(lo, hi, hash, entry)]
+        for s, ws in writes.items():
+            out, later = [], INF
+            for issued, durable, h, i in reversed(ws):
+                out.append((issued, later, h, i))
+                later = min(later, durable)
+            out.append((-INF, later, self.sector_hash(base, s), None))
+            self.versions[s] = out[::-1]
+        self._spans = {}
 
     def sector_hash(self, image, s):
         return hash(bytes(image[s * self.ss:(s + 1) * self.ss]))
 
-    def mask(self, s, h):
-        """Intervals a sector allows when it holds content of hash h."""
+    def spans(self, s, h):
+        """The cuts a sector allows when it holds content of hash h."""
         key = (s, h)
-        m = self._masks.get(key)
-        if m is None:
-            m = self._mask(s, h)
-            self._masks[key] = m
-        return m
-
-    def _mask(self, s, h):
-        cur, cur_from, m = self.sector_hash(self.base, s), 0, 0
-        for k, v, _ in self.versions.get(s, ()):
-            if cur_from <= k:
-                # the last version before interval k: cur, from cur_from on
-                if cur == h:
-                    m |= _bits(cur_from, k)
-                cur_from = k + 1
-            if v == h:
-                m |= _bits(max(0, k - self.slack), k)
-            cur = v
-        if cur == h:
-            m |= _bits(cur_from, self.last)
-        if s in self.wild:
-            m |= _bits(self.wild[s], self.last)
-        return m
+        sp = self._spans.get(key)
+        if sp is None:
+            vs = self.versions.get(s)
+            if vs is None:
+                vs = [(-INF, INF, self.sector_hash(self.base, s), None)]
+            sp = [(lo, hi) for lo, hi, v, _ in vs if v == h]
+            if s in self.wild:
+                sp.append((self.wild[s], INF))
+            sp = _union(sp)
+            self._spans[key] = sp
+        return sp
 
     def origin_of(self, s, h):
-        """Upper entries whose write put content h in sector s."""
-        return [(k, i) for k, v, i in self.versions.get(s, ()) if v == h]
+        """Upper log entries whose write put content h in sector s (None:
+        the content before the log)."""
+        return [(i, lo, hi) for lo, hi, v, i in self.versions.get(s, ()) if v == h]
 
     def checker(self, image):
         return Checker(self, image)
 
 
 class Checker:
-    """The allowed intervals of a lower device's state, kept up to date
-    sector by sector (chunks of 512 sectors keep the AND cheap)."""
+    """The cuts a lower device's state allows, kept up to date sector by
+    sector (chunks of 512 sectors keep the intersection cheap)."""
 
     CHUNK = 512
 
     def __init__(self, hist, image):
         self.h = hist
-        self.base = {}          # sector -> hash of its base content
-        self.cur = {}           # sector -> (hash, mask), sectors that differ
-        self.chunks = {}        # chunk -> AND of its sectors' masks
-        sectors = set(hist.versions) | set(hist.wild)
-        self.update(image, sectors)
+        self.cur = {}           # sector -> (hash, spans)
+        self.chunks = {}        # chunk -> intersection of its sectors' spans
+        self.update(image, set(hist.versions) | set(hist.wild))
 
     def update(self, image, sectors):
         touched = set()
         for s in sectors:
             h = self.h.sector_hash(image, s)
-            self.cur[s] = (h, self.h.mask(s, h))
+            self.cur[s] = (h, self.h.spans(s, h))
             touched.add(s // self.CHUNK)
         for c in touched:
-            m = self.h.all
-            lo = c * self.CHUNK
-            for s in range(lo, lo + self.CHUNK):
-                hm = self.cur.get(s)
-                if hm is not None:
-                    m &= hm[1]
-            self.chunks[c] = m
+            sp = ALL
+            for s in range(c * self.CHUNK, (c + 1) * self.CHUNK):
+                hs = self.cur.get(s)
+                if hs is not None:
+                    sp = _meet(sp, hs[1])
+                    if not sp:
+                        break
+            self.chunks[c] = sp
 
     def allowed(self):
-        m = self.h.all
+        sp = ALL
         for v in self.chunks.values():
-            m &= v
-        return m
+            sp = _meet(sp, v)
+            if not sp:
+                break
+        return sp
 
     def legal(self):
-        """The latest interval this state is a power cut of, or None."""
-        m = self.allowed()
-        return m.bit_length() - 1 if m else None
+        """The latest cut this state allows (-inf: before the log), or None."""
+        sp = self.allowed()
+        return sp[-1][0] if sp else None
 
-    def explain(self, limit=4):
-        """Why no interval fits: the sectors furthest behind and ahead."""
+    def explain(self):
+        """Why no cut fits: the sector whose content came latest, and the
+        one whose content a newer version had made durable earliest."""
         if self.allowed():
             return "legal"
-        never, rows = [], []
-        for s, (h, m) in self.cur.items():
-            if not m:
-                never.append(s)
-            else:
-                rows.append((m.bit_length() - 1, (m & -m).bit_length() - 1, s, h))
-        out = []
+        never = sorted(s for s, (_, sp) in self.cur.items() if not sp)
         if never:
-            out.append(f"{len(never)} sectors hold content no write put there "
-                       f"(first: {sorted(never)[:limit]})")
-        if rows:
-            behind = min(rows)
-            ahead = max(rows, key=lambda r: r[1])
-            for what, (hi, lo, s, h) in (("behind", behind), ("ahead", ahead)):
-                src = self.h.origin_of(s, h)
-                out.append(
-                    f"{what}: sector {s} (4 KiB block {s * self.h.ss // 4096}) "
-                    f"allows intervals {lo}..{hi} (upper entries "
-                    f"{self.h.starts[lo]}..{self.h.starts[hi]}), its content "
-                    f"from upper {'entries ' + str(src[:3]) if src else 'base'}")
+            return (f"{len(never)} sectors hold content no write put there "
+                    f"(first: {never[:4]}, 4 KiB block {never[0] * self.h.ss // 4096})")
+        late = max(self.cur.items(), key=lambda kv: kv[1][1][0][0])
+        early = min(self.cur.items(), key=lambda kv: kv[1][1][-1][1])
+        out = []
+        for what, (s, (h, sp)) in (("newest", late), ("oldest", early)):
+            src = self.h.origin_of(s, h)
+            out.append(f"{what}: sector {s} (4 KiB block {s * self.h.ss // 4096}) "
+                       f"allows cuts {sp[0][0]:.6f}..{sp[-1][1]:.6f}, its content from "
+                       + (", ".join(f"upper entry {i} (issued {lo:.6f}, replaced "
+                                    f"{hi:.6f})" if i is not None else "before the log"
+                                    for i, lo, hi in src[:3]) or "nowhere"))
         return "; ".join(out)

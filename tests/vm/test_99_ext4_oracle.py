@@ -23,13 +23,14 @@ write) a copy of the origin alone is checked:
     N > c has been replayed (its data and its journal commit are in
     epochs up to c).
 A second dm-log-writes log sits above tiercache (the upper log: the
-writes and flushes ext4 sent the cached device).  Each replayed state is
-also judged sector by sector against it (tests/vm/powercut.py): is it a
-state the cached device could have had after a power cut?  That is the
-module's promise itself, checked without trusting e2fsck to notice; a
-state e2fsck finds damaged is reported with that verdict (a damaged state
-the sector rules allow points at the file system, not at the order of
-writeback).
+data of every write ext4 sent the cached device), and the block layer's
+trace events give each of those bios its issue and completion time.
+Each replayed state is also judged sector by sector against them
+(tests/vm/powercut.py): is it a state the cached device could have had
+after a power cut?  That is the module's promise itself, checked without
+trusting e2fsck to notice; a state e2fsck finds damaged is reported with
+that verdict (a damaged state the sector rule allows points at the file
+system, not at the order of writeback).
 
 Under `ordered 1` every state passes both.  Under the default policy the
 same workload and the same replay must reach a state that e2fsck finds
@@ -248,23 +249,19 @@ class Checker(threading.Thread):
 
 class BlockOracle:
     """The origin's states judged sector by sector against the cached
-    device's own log (tests/vm/powercut.py) under three rules: `certain`
-    (a version may stand one interval early: refuses only illegal
-    states), `loose` (no slack) and `strict` (a FUA write also ends an
-    interval)."""
+    device's own log and the times of its bios (tests/vm/powercut.py)."""
 
-    RULES = {"certain": dict(slack=1), "loose": {}, "strict": dict(fua_ends=True)}
-
-    def __init__(self, uplog, base):
+    def __init__(self, uplog, bios, base):
         tclib.flushbufs(uplog)
         with logwrites.LogWrites.open(uplog) as log:
             start = log.mark_index("mkfs")
-            self.chk = {name: powercut.History(log, start, base, **kw).checker(base)
-                        for name, kw in self.RULES.items()}
+            self.hist = powercut.History(log, start, base, bios)
             self.summary = log.summary()
-        self.intervals = self.chk["loose"].h.last + 1
-        self.verdicts = {}      # point -> {rule: interval or None}
-        self.illegal = []       # [(point, why)] refused by the certain rule
+        assert not self.hist.unmatched, \
+            f"upper log entries without a traced bio: {self.hist.unmatched[:10]}"
+        self.chk = self.hist.checker(base)
+        self.verdicts = {}      # point -> latest cut allowed, or None
+        self.illegal = []       # [(point, why)]
         self.first = None
 
     def judge(self, point, img, entries):
@@ -272,23 +269,18 @@ class BlockOracle:
         for e in entries:
             if e.is_write or e.flags & logwrites.DISCARD:
                 sectors.update(range(e.sector, e.sector + e.nr_sectors))
-        v = {}
-        for name, chk in self.chk.items():
-            chk.update(img, sectors)
-            v[name] = chk.legal()
-        self.verdicts[point] = v
-        if v["certain"] is None:
-            self.illegal.append((point, self.chk["certain"].explain()))
-        elif v["loose"] is None:
-            self.verdicts[point]["why"] = self.chk["loose"].explain()
+        self.chk.update(img, sectors)
+        self.verdicts[point] = self.chk.legal()
+        if self.verdicts[point] is None:
+            self.illegal.append((point, self.chk.explain()))
 
     def verdict(self, point):
-        v = self.verdicts[point]
-        out = ", ".join(f"{r} {'refuses' if v[r] is None else v[r]}" for r in self.RULES)
-        return f"block level: {out}" + (f" ({v['why']})" if "why" in v else "")
+        t = self.verdicts[point]
+        return "illegal at the block level" if t is None else \
+            f"legal at the block level (a cut at {t:.6f})"
 
 
-def replay_oracle(stack, lw_log, files, stop_at_first_bad, uplog=None):
+def replay_oracle(stack, lw_log, files, stop_at_first_bad, uplog=None, bios=None):
     """Replays the origin's log; returns (states, bad states, first bad,
     points between flushes, block oracle or None)."""
     tclib.flushbufs(lw_log)
@@ -311,8 +303,8 @@ def replay_oracle(stack, lw_log, files, stop_at_first_bad, uplog=None):
                       f"({n_other} every-Nth writes)")
             log.replay(img, end=start)
             if uplog:
-                blocks = BlockOracle(uplog, bytes(img))
-                tclib.log(f"upper log: {blocks.summary}; {blocks.intervals} intervals")
+                blocks = BlockOracle(uplog, bios, bytes(img))
+                tclib.log(f"upper log: {blocks.summary}; {len(bios)} bios traced")
             done = start
             for k, p in enumerate(points):
                 log.replay(img, start=done + 1, end=p)
@@ -377,20 +369,46 @@ def build(stack, ordered):
     tc.flush()
     lw.message("mark", "mkfs")
     up.message("mark", "mkfs")
-    return tc, lw, logdev, raw, up, uplog
+    # the bios ext4 sent, as dm-log-writes logged them (tiercache's dm
+    # core splits its bios, and the completion of a split one names only
+    # its last part)
+    trace = powercut.BioTrace(up.path)
+    trace.start()
+    stack._defer(trace.close)
+    return tc, lw, logdev, raw, up, uplog, trace
+
+
+def keep_evidence(logdev, uplog, trace):
+    """The two logs and the trace, for a look on the host: results/*/oracle-*/."""
+    res = os.environ.get("TC_RESULTS")
+    if not res:
+        return None
+    out = os.path.join(res, f"oracle-{time.strftime('%H%M%S')}")
+    os.makedirs(out, exist_ok=True)
+    for name, dev in (("lower.log", logdev), ("upper.log", uplog)):
+        with logwrites.LogWrites.open(dev) as log:
+            end = log.end
+        with open(dev, "rb") as f, open(os.path.join(out, name), "wb") as g:
+            g.write(f.read(end))
+    with open(os.path.join(out, "trace.txt"), "w") as f:
+        f.write(trace.text)
+    return out
 
 
 def test_ordered_origin_is_always_a_power_cut_state(stack):
-    tc, lw, logdev, raw, up, uplog = build(stack, ordered=True)
+    tc, lw, logdev, raw, up, uplog, trace = build(stack, ordered=True)
     files = run_workload(stack, tc, lw, up, ordered=True)
+    bios = trace.stop()
     st = tc.status()
     assert st["epoch_current"] > NFILES, \
         f"only {st['epoch_current']} epochs for {NFILES} fsyncs: {st['raw']}"
     states, bad, first, n_other, blocks = replay_oracle(stack, logdev, files, False,
-                                                        uplog)
+                                                        uplog, bios)
     tclib.log(f"ordered: {states} origin states replayed, {bad} damaged, "
               f"{len(blocks.illegal)} illegal at the block level")
     assert n_other >= MIN_OTHER_POINTS, f"only {n_other} points between flushes"
+    if blocks.illegal or bad:
+        tclib.log(f"evidence kept in {keep_evidence(logdev, uplog, trace)}")
     assert not blocks.illegal, \
         f"{len(blocks.illegal)} of {states} origin states are not a power-cut state " \
         f"of the cached device at the block level; the first: {blocks.first}" \
@@ -407,10 +425,12 @@ def test_ordered_origin_is_always_a_power_cut_state(stack):
 
 
 def test_default_policy_leaves_a_damaged_origin(stack):
-    tc, lw, logdev, _, up, uplog = build(stack, ordered=False)
+    tc, lw, logdev, _, up, uplog, trace = build(stack, ordered=False)
     files = run_workload(stack, tc, lw, up, ordered=False)
+    bios = trace.stop()
     assert tc.status()["epoch_current"] == 0
-    states, bad, first, _, blocks = replay_oracle(stack, logdev, files, True, uplog)
+    states, bad, first, _, blocks = replay_oracle(stack, logdev, files, True, uplog,
+                                                  bios)
     assert blocks.illegal, f"the default policy passed {states} origin states at " \
         "the block level: this oracle cannot tell the policies apart"
     assert bad, f"the default policy passed {states} origin states, all clean: " \
