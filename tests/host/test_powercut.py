@@ -70,17 +70,23 @@ def history(timed, base=None):
         else:
             bios.append(powercut.Bio(e[1], len(e[2]) // SS,
                                      "WFS" if e[0] == "fua" else "WS", q, c))
-    # the log: plain writes at the next flush, in completion order
-    log, pending = [("mark", "start")], []
-    for e, q, c in sorted(timed, key=lambda t: t[2]):
+    # the log as dm-log-writes writes it: a flush takes the plain writes
+    # completed when it is mapped and logs them, then itself, when it
+    # completes; a FUA write is logged when it completes
+    logged, taken = [], set()
+    for k, (e, q, c) in enumerate(timed):
         if e[0] == "flush":
-            log += [p for _, p in sorted(pending)] + [e]
-            pending = []
+            group = sorted((c2, j) for j, (e2, q2, c2) in enumerate(timed)
+                           if e2[0] in ("w", "discard") and c2 <= q and j not in taken)
+            taken.update(j for _, j in group)
+            logged += [(c, k, n, timed[j][0]) for n, (_, j) in enumerate(group)]
+            logged.append((c, k, len(group), e))
         elif e[0] == "fua":
-            log.append(e)
-        else:
-            pending.append((c, e))
-    log += [p for _, p in sorted(pending)]
+            logged.append((c, k, 0, e))
+    rest = sorted((c, j) for j, (e, q, c) in enumerate(timed)
+                  if e[0] in ("w", "discard") and j not in taken)
+    logged += [(powercut.INF, j, 0, timed[j][0]) for _, j in rest]
+    log = [("mark", "start")] + [e for *_, e in sorted(logged, key=lambda t: t[:3])]
     with logwrites.LogWrites.open(make_log(log)) as lw:
         h = powercut.History(lw, 0, base, bios)
     assert not h.unmatched, h.unmatched
@@ -163,6 +169,33 @@ class InFlight(unittest.TestCase):
         # F1 was issued before A1 completed: nothing makes A1 durable, so
         # a state with B and without A1 is legal
         self.assertIsNotNone(judge(history(timed), image(s8=0xb))[0])
+
+
+class Races(unittest.TestCase):
+    def test_flushes_that_complete_out_of_order(self):
+        # F1 takes A1, F2 takes A2 and completes first: A2 is logged first
+        timed = [(A1, 1, 2), (F1, 3, 10), (A2, 4, 5), (F2, 6, 7), (("fua", 8, blk(3)), 8, 9)]
+        h = history(timed)
+        self.assertEqual([v[0] for v in h.versions[0]], [-powercut.INF, 1, 4])
+        self.assertIsNotNone(judge(h, image(s0=2, s8=3))[0])
+
+    def test_flush_issued_in_the_microsecond_a_write_completed(self):
+        # the flush may have come first: it does not make A2 durable
+        timed = [(A1, 1, 2), (A2, 3, 5), (F1, 5, 6), (("fua", 8, blk(3)), 7, 8)]
+        self.assertIsNotNone(judge(history(timed), image(s0=1, s8=3))[0])
+
+    def test_write_that_completes_in_the_microsecond_it_was_issued(self):
+        timed = [(A1, 1, 1), (F1, 2, 3), (B, 4, 5), (F2, 6, 7)]
+        self.assertIsNotNone(judge(history(timed), image(s0=1, s8=0xb))[0])
+
+    def test_overlapping_writes_in_flight_together(self):
+        # W (2 sectors) issued first, X (1 sector) inside it; W may land last
+        W, X = ("w", 0, blk(2) + blk(2)), ("w", 0, blk(1))
+        timed = [(W, 1, 4), (X, 2, 3), (F1, 5, 6), (("fua", 8, blk(3)), 7, 8)]
+        self.assertIsNotNone(judge(history(timed), image(s0=2, s1=2, s8=3))[0])
+        self.assertIsNotNone(judge(history(timed), image(s0=1, s1=2, s8=3))[0])
+        # but not a version that no write of the pair left
+        self.assertIsNone(judge(history(timed), image(s1=2, s8=3))[0])
 
 
 class FuaAndDiscard(unittest.TestCase):

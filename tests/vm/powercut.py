@@ -33,6 +33,7 @@ were issued.
     chk.explain()                # why not, in words
 """
 
+import bisect
 import os
 import re
 
@@ -180,54 +181,97 @@ def _meet(a, b):
 ALL = [(-INF, INF)]
 
 
+class Flushes:
+    """The flushes of the trace: when does a write that completed at t
+    become durable, and which flush logs it (dm-log-writes takes the writes
+    completed when a flush is mapped, and logs them when it completes)?"""
+
+    def __init__(self, bios):
+        self.f = sorted((b.issued, b.done) for b in bios if b.is_flush)
+        self.issued = [q for q, _ in self.f]
+        # the earliest completion among the flushes issued from k on
+        self.min_done = [INF] * (len(self.f) + 1)
+        for k in range(len(self.f) - 1, -1, -1):
+            self.min_done[k] = min(self.f[k][1], self.min_done[k + 1])
+
+    def durable(self, done):
+        """A write completed at @done is durable once a flush issued after
+        it (strictly: a time stamp is a microsecond) has completed."""
+        return self.min_done[bisect.bisect_right(self.issued, done)]
+
+    def logged(self, done):
+        """When dm-log-writes logs a plain write completed at @done: at the
+        completion of the first flush issued after it."""
+        k = bisect.bisect_left(self.issued, done)
+        return self.f[k][1] if k < len(self.f) else INF
+
+
 class History:
     """For each sector the versions written after log entry @start: the
     cuts each allows."""
 
     def __init__(self, log, start, base, bios):
+        if log.sectorsize != 512:
+            raise ValueError(f"log sector size {log.sectorsize}: the trace counts 512")
         self.ss = log.sectorsize
         self.base = base
-        flushes = sorted((b.issued, b.done) for b in bios if b.is_flush)
-        # dm-log-writes logs a FUA write when it completes, a plain one at
-        # the next flush: the log's order is the completion order among
-        # each kind, not across them
+        fl = Flushes(bios)
+        # the log's order: a FUA write as it completes; a plain one (or a
+        # discard) with the writes its flush took, at that flush's
+        # completion, in completion order
         by_key = {}
-        for b in sorted((b for b in bios if b.nr and b.op in "WD"), key=lambda b: b.done):
-            by_key.setdefault((b.sector, b.nr, b.is_fua), []).append(b)
-        writes = {}             # sector -> [(issued, durable, hash, entry)]
+        for b in bios:
+            if b.nr and b.op in "WD":
+                order = b.done if b.is_fua else (fl.logged(b.done), b.done)
+                by_key.setdefault((b.sector, b.nr, b.op, b.is_fua), []).append((order, b))
+        for q in by_key.values():
+            q.sort(key=lambda ob: ob[0])
+        writes = {}             # sector -> [(issued, done, durable, hash, entry)]
         self.wild = {}          # sector -> issue time of its first discard
-        self.unmatched = []
+        self.unmatched = []     # log entries without a bio
         for e in log.entries[start + 1:]:
             if e.flags & logwrites.MARK or not e.nr_sectors:
                 continue
             fua = bool(e.flags & logwrites.FUA)
-            q = by_key.get((e.sector, e.nr_sectors, fua))
+            op = "D" if e.flags & logwrites.DISCARD else "W"
+            q = by_key.get((e.sector, e.nr_sectors, op, fua))
             if not q:
                 self.unmatched.append(e.index)
                 continue
-            b = q.pop(0)
-            if e.flags & logwrites.DISCARD:
+            b = q.pop(0)[1]
+            if op == "D":
                 for s in range(e.sector, e.sector + e.nr_sectors):
                     self.wild[s] = min(self.wild.get(s, INF), b.issued)
                 continue
-            durable = b.done if fua else \
-                next((fd for fq, fd in flushes if fq >= b.done), INF)
+            durable = b.done if fua else fl.durable(b.done)
             data = log.data(e)
             for n in range(e.nr_sectors):
                 writes.setdefault(e.sector + n, []).append(
-                    (b.issued, durable, hash(data[n * self.ss:(n + 1) * self.ss]), e.index))
-        for ws in writes.values():
-            ws.sort()           # a sector's versions in the order they were issued
-        # a version allows [issued, the earliest time a later one was durable)
+                    (b.issued, b.done, durable,
+                     hash(data[n * self.ss:(n + 1) * self.ss]), e.index))
+        # bios the log does not have (it filled up, or was cut short)
+        self.unlogged = [b for q in by_key.values() for _, b in q]
         self.versions = {}      # sector -> [(lo, hi, hash, entry)]
         for s, ws in writes.items():
-            out, later = [], INF
-            for issued, durable, h, i in reversed(ws):
-                out.append((issued, later, h, i))
-                later = min(later, durable)
-            out.append((-INF, later, self.sector_hash(base, s), None))
-            self.versions[s] = out[::-1]
+            self.versions[s] = self._spans_of(ws, self.sector_hash(base, s))
         self._spans = {}
+
+    @staticmethod
+    def _spans_of(ws, base_hash):
+        """A version allows the cuts from its issue until a version issued
+        after it completed was durable (two writes in flight together may
+        land in either order); the content before the log, until any
+        version was durable."""
+        ws.sort()
+        issued = [w[0] for w in ws]
+        later = [INF] * (len(ws) + 1)     # min durable of versions k..
+        for k in range(len(ws) - 1, -1, -1):
+            later[k] = min(ws[k][2], later[k + 1])
+        out = [(-INF, later[0], base_hash, None)]
+        for k, (q, done, _, h, i) in enumerate(ws):
+            nxt = max(k + 1, bisect.bisect_left(issued, done))
+            out.append((q, later[nxt], h, i))
+        return out
 
     def sector_hash(self, image, s):
         return hash(bytes(image[s * self.ss:(s + 1) * self.ss]))

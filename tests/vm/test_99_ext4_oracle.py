@@ -259,6 +259,8 @@ class BlockOracle:
             self.summary = log.summary()
         assert not self.hist.unmatched, \
             f"upper log entries without a traced bio: {self.hist.unmatched[:10]}"
+        assert not self.hist.unlogged, \
+            f"traced writes the upper log does not have: {self.hist.unlogged[:10]}"
         self.chk = self.hist.checker(base)
         self.verdicts = {}      # point -> latest cut allowed, or None
         self.illegal = []       # [(point, why)]
@@ -363,6 +365,12 @@ def build(stack, ordered):
     tc = stack.tiercache(lw.path, stack.ram(CACHE_MIB * MiB), keys=keys)
     uplog = stack.ram(LOG_MIB * MiB)
     up = stack.dm(stack._name("lwup"), f"0 {n} log-writes {tc.path} {uplog}")
+    # ext4 must not change a page the cached device is still writing (the
+    # log copied it when the write came): stable pages, read at mount
+    rdev = os.stat(up.path).st_rdev
+    with open(f"/sys/dev/block/{os.major(rdev)}:{os.minor(rdev)}/queue/stable_writes",
+              "w") as f:
+        f.write("1")
     # no lazy initialisation: nothing writes behind the workload's back
     tclib.run(["mkfs.ext4", "-q", "-F", "-b", "4096", "-J", "size=4",
                "-E", "lazy_itable_init=0,lazy_journal_init=0", up.path], timeout=300)
