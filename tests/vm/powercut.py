@@ -31,6 +31,9 @@ were issued.
     chk.update(image, sectors)   # after the lower replay changed them
     chk.legal()                  # a cut time every sector allows, or None
     chk.explain()                # why not, in words
+
+`python3 powercut.py results/*/oracle-HHMMSS [SECTOR...]` judges again
+the logs and the trace test_99 keeps when a state is refused or damaged.
 """
 
 import bisect
@@ -361,3 +364,49 @@ class Checker:
                                     f"{hi:.6f})" if i is not None else "before the log"
                                     for i, lo, hi in src[:3]) or "nowhere"))
         return "; ".join(out)
+
+
+def judge_kept(d, sectors=()):
+    """Judge again the evidence test_99 kept in @d (lower.log, upper.log,
+    trace.txt): print the refused states of the origin, and the versions
+    and bios of @sectors."""
+    with open(os.path.join(d, "trace.txt")) as f:
+        text = f.read()
+    devs = re.findall(r"block_bio_queue: (\d+),(\d+) ", text)
+    major, minor = max(set(devs), key=devs.count)
+    bios = parse_trace(text, int(major), int(minor))
+    with logwrites.LogWrites.open(os.path.join(d, "lower.log")) as low, \
+            logwrites.LogWrites.open(os.path.join(d, "upper.log")) as up:
+        size = max(e.offset + e.length for e in low.entries if e.is_write)
+        img = bytearray(size)
+        start = low.mark_index("mkfs")
+        low.replay(img, end=start)
+        h = History(up, up.mark_index("mkfs"), bytes(img), bios)
+        print(f"{len(bios)} bios; log entries without a bio: {h.unmatched[:10]}; "
+              f"bios without a log entry: {h.unlogged[:10]}")
+        chk = h.checker(bytes(img))
+        refused = []
+        for e in low.entries[start + 1:]:
+            if not (e.is_write or e.flags & logwrites.DISCARD):
+                continue
+            low.replay(img, start=e.index, end=e.index)
+            chk.update(img, range(e.sector, e.sector + e.nr_sectors))
+            if chk.legal() is None:
+                if not refused:
+                    print(f"first refused after lower entry {e.index}: {chk.explain()}")
+                refused.append(e.index)
+        print(f"{len(refused)} refused states: {refused[:30]}")
+    for s in sectors:
+        print(f"sector {s}: versions (from, until, hash, upper entry):")
+        for v in h.versions.get(s, ()):
+            print(f"    {v}")
+        for b in bios:
+            if b.nr and b.sector <= s < b.sector + b.nr:
+                print(f"    {b}")
+
+
+if __name__ == "__main__":
+    import sys
+    if len(sys.argv) < 2:
+        sys.exit("usage: powercut.py RESULTS/oracle-HHMMSS [SECTOR...]")
+    judge_kept(sys.argv[1], [int(a) for a in sys.argv[2:]])
