@@ -17,7 +17,8 @@ epoch's writes always precede its mark).
 Then the log is replayed from the end of mkfs onto a RAM disk, and at
 every FLUSH or FUA entry and at 200 or more other points (every Nth
 write) a copy of the origin alone is checked:
-  - e2fsck recovers the journal, then `e2fsck -fn` finds nothing wrong;
+  - e2fsck recovers the journal, then `e2fsck -fp` (forced) repairs by
+    itself whatever it finds;
   - under `ordered`, every file whose fsync returned while epoch_current
     was c is there with its data, byte for byte, once the mark ep-N with
     N > c has been replayed (its data and its journal commit are in
@@ -28,13 +29,18 @@ trace events give each of those bios its issue and completion time.
 Each replayed state is also judged sector by sector against them
 (tests/vm/powercut.py): is it a state the cached device could have had
 after a power cut?  That is the module's promise itself, checked without
-trusting e2fsck to notice; a state e2fsck finds damaged is reported with
+trusting e2fsck to notice; a state e2fsck cannot repair is reported with
 that verdict (a damaged state the sector rule allows points at the file
 system, not at the order of writeback).
 
-Under `ordered 1` every state passes both.  Under the default policy the
-same workload and the same replay must reach a state that e2fsck finds
-damaged and one the sector rule refuses, or the oracle has no teeth.
+Under `ordered 1` every state must pass the sector rule, leave the
+boot-time check (`e2fsck -fp`) nothing it cannot repair by itself, and
+hold its fsynced files.  Not `e2fsck -fn` clean: ext4 alone, with no
+cache, leaves states whose i_blocks is one block off at legal cuts of
+this workload (the control, tests/vm/control_99_ext4_alone.py), which
+the boot-time check corrects.  Under the default policy the same
+workload and the same replay must reach a state the sector rule refuses,
+or the oracle has no teeth.
 
 TC_ORACLE_SEED selects the workload's seed (default 1).
 """
@@ -193,15 +199,21 @@ def checkpoints(log, start):
     return sorted(durable | other), len(other)
 
 
-def check_state(chk, files):
-    """e2fsck of the replayed copy; then the files that must be there.
-    Returns None or a description of what is wrong."""
+def check_state(chk, files, fixed=None):
+    """e2fsck of the replayed copy: journal recovery, then the check a boot
+    runs (`-fp`, forced): it must leave nothing for a person to repair
+    (what it repaired by itself goes on @fixed); then the files that must
+    be there.  Returns None or a description of what is wrong."""
     rc, out = e2fsck(chk, "-y", "-E", "journal_only")
     if rc & ~1:
         return f"journal recovery: e2fsck rc {rc}: {out[-1500:]}"
-    rc, out = e2fsck(chk, "-fn")
-    if rc:
-        return f"e2fsck -fn rc {rc}: {out[-1500:]}"
+    rc, out = e2fsck(chk, "-fp")
+    if rc & ~1:
+        return f"e2fsck -fp rc {rc}: {out[-1500:]}"
+    # rc 1 alone is common: the superblock's free counts, which ext4
+    # keeps in memory, are corrected without a word
+    if rc and fixed is not None and "FIXED" in out:
+        fixed.append(" ".join(ln for ln in out.splitlines() if "FIXED" in ln)[:300])
     if not files:
         return None
     outdir = tempfile.mkdtemp(prefix="tcdump.")
@@ -229,9 +241,10 @@ def check_state(chk, files):
 class Checker(threading.Thread):
     """Checks the states put on its queue, on its own RAM disk."""
 
-    def __init__(self, dev, files, todo, results):
+    def __init__(self, dev, files, todo, results, fixed):
         super().__init__(daemon=True)
         self.dev, self.files, self.todo, self.results = dev, files, todo, results
+        self.fixed = fixed
 
     def run(self):
         with open(self.dev, "r+b", buffering=0) as f:
@@ -243,7 +256,10 @@ class Checker(threading.Thread):
                 os.pwrite(f.fileno(), image, 0)
                 os.fsync(f.fileno())
                 want = [(name, size) for name, size, c in self.files if c < n]
-                why = check_state(self.dev, want)
+                fixed = []
+                why = check_state(self.dev, want, fixed)
+                if fixed:
+                    self.fixed.append((point, fixed[0]))
                 self.results.append((point, len(want), why))
 
 
@@ -283,12 +299,15 @@ class BlockOracle:
 
 
 def replay_oracle(stack, lw_log, files, stop_at_first_bad, uplog=None, bios=None):
-    """Replays the origin's log; returns (states, bad states, first bad,
-    points between flushes, block oracle or None)."""
+    """Replays the origin's log; returns (states, bad states [(point,
+    files due, why)], first bad, points between flushes, block oracle or
+    None, states the boot-time check repaired by itself [(point, its
+    words)])."""
     tclib.flushbufs(lw_log)
     results = []
     todo = queue.Queue(maxsize=WORKERS)
-    workers = [Checker(stack.ram(ORIGIN_MIB * MiB), files, todo, results)
+    fixed = []
+    workers = [Checker(stack.ram(ORIGIN_MIB * MiB), files, todo, results, fixed)
                for _ in range(WORKERS)]
     for w in workers:
         w.start()
@@ -319,7 +338,8 @@ def replay_oracle(stack, lw_log, files, stop_at_first_bad, uplog=None, bios=None
                 if k % 50 == 49:
                     bad = sum(1 for r in results if r[2])
                     tclib.kmsg(f"oracle: {k + 1} of {len(points)} states, {bad} damaged")
-                if stop_at_first_bad and any(r[2] for r in results):
+                if stop_at_first_bad and (any(r[2] for r in results) or
+                                          (blocks and blocks.illegal)):
                     break
     finally:
         for w in workers:
@@ -350,7 +370,8 @@ def replay_oracle(stack, lw_log, files, stop_at_first_bad, uplog=None, bios=None
     tclib.kmsg(f"oracle: {len(results)} states checked, {len(bad)} damaged, "
                f"{n_other} between flushes"
                + (f", {len(blocks.illegal)} illegal at the block level" if blocks else ""))
-    return len(results), len(bad), first, n_other, blocks
+    fixed.sort()
+    return len(results), bad, first, n_other, blocks, fixed
 
 
 def build(stack, ordered):
@@ -404,25 +425,35 @@ def keep_evidence(logdev, uplog, trace):
 
 
 def test_ordered_origin_is_always_a_power_cut_state(stack):
+    """The promise, judged sector by sector; then ext4 at every state: the
+    boot-time check repairs by itself whatever it finds (ext4 alone, with
+    no cache, leaves states whose i_blocks that check corrects at legal
+    cuts of this workload: tests/vm/control_99_ext4_alone.py,
+    docs/experiments.md), and fsynced files are there once their epochs
+    are."""
     tc, lw, logdev, raw, up, uplog, trace = build(stack, ordered=True)
     files = run_workload(stack, tc, lw, up, ordered=True)
     bios = trace.stop()
     st = tc.status()
     assert st["epoch_current"] > NFILES, \
         f"only {st['epoch_current']} epochs for {NFILES} fsyncs: {st['raw']}"
-    states, bad, first, n_other, blocks = replay_oracle(stack, logdev, files, False,
-                                                        uplog, bios)
-    tclib.log(f"ordered: {states} origin states replayed, {bad} damaged, "
+    states, bad, first, n_other, blocks, fixed = replay_oracle(
+        stack, logdev, files, False, uplog, bios)
+    tclib.log(f"ordered: {states} origin states replayed, {len(bad)} bad, "
+              f"{len(fixed)} repaired by e2fsck -fp, "
               f"{len(blocks.illegal)} illegal at the block level")
+    if fixed:
+        tclib.log(f"repaired by e2fsck -fp at legal cuts (ext4's own): the first, "
+                  f"log entry {fixed[0][0]}: {fixed[0][1]}")
     assert n_other >= MIN_OTHER_POINTS, f"only {n_other} points between flushes"
     if blocks.illegal or bad:
         tclib.log(f"evidence kept in {keep_evidence(logdev, uplog, trace)}")
     assert not blocks.illegal, \
         f"{len(blocks.illegal)} of {states} origin states are not a power-cut state " \
         f"of the cached device at the block level; the first: {blocks.first}" \
-        + (f"\ne2fsck: {bad} damaged, the first: {first}" if bad else "")
-    assert bad == 0, f"{bad} of {states} origin states are not a power-cut " \
-                     f"state; the first: {first}"
+        + (f"\ne2fsck: {len(bad)} bad, the first: {first}" if bad else "")
+    assert not bad, f"{len(bad)} of {states} origin states are not a power-cut " \
+                    f"state; the first: {first}"
     # every file was due at the end, and the origin alone is the device
     rc, out = e2fsck(raw, "-fn")
     assert rc == 0, out[-1500:]
@@ -437,15 +468,13 @@ def test_default_policy_leaves_a_damaged_origin(stack):
     files = run_workload(stack, tc, lw, up, ordered=False)
     bios = trace.stop()
     assert tc.status()["epoch_current"] == 0
-    states, bad, first, _, blocks = replay_oracle(stack, logdev, files, True, uplog,
-                                                  bios)
+    states, bad, first, _, blocks, _ = replay_oracle(stack, logdev, files, True,
+                                                     uplog, bios)
     assert blocks.illegal, f"the default policy passed {states} origin states at " \
         "the block level: this oracle cannot tell the policies apart"
-    assert bad, f"the default policy passed {states} origin states, all clean: " \
-                "this oracle cannot tell the policies apart"
-    tclib.log(f"default policy: damaged origin after {states} states: {first[:300]}; "
-              f"block level: {len(blocks.illegal)} illegal, the first: "
-              f"{blocks.first[:300]}")
+    tclib.log(f"default policy: {len(blocks.illegal)} of {states} states illegal at "
+              f"the block level, the first: {blocks.first[:300]}; "
+              f"{len(bad)} damaged per e2fsck")
 
 
 class StressRounds(threading.Thread):
