@@ -117,10 +117,15 @@ void tc_meta_set(struct tc_cache *c, u32 slot, bool dirty)
 	    test_bit(slot, m->want_dirty) == dirty)
 		return;
 	spin_lock_irqsave(&m->lock, flags);
-	/* a stale slot is not given another block (tc_meta_defer_free()) */
-	if (WARN_ON_ONCE(!test_bit(slot, m->want_valid) &&
-			 test_bit(slot, m->disk_dirty)))
-		atomic_dec(&m->nr_stale);	/* wanted valid: not stale */
+	/*
+	 * A stale slot is not given another block (tc_meta_defer_free()).
+	 * If one were, nr_stale is left raised (for good): its entry on disk
+	 * names the old block dirty until a commit, and a FUA write around
+	 * the cache must not skip that commit (tc_meta_stale()).  Extra
+	 * commits are the safe side.
+	 */
+	WARN_ON_ONCE(!test_bit(slot, m->want_valid) &&
+		     test_bit(slot, m->disk_dirty));
 	__set_bit(slot, m->want_valid);
 	__assign_bit(slot, m->want_dirty, dirty);
 	if (dirty && !__test_and_set_bit(slot, m->disk_dirty))
