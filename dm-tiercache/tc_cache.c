@@ -97,6 +97,7 @@ static int tc_cache_setup(struct tc_cache *c)
 	bio_list_init(&c->discards);
 	bio_list_init(&c->wb_wait);
 	bio_list_init(&c->ep_wait);
+	bio_list_init(&c->order_wait);
 	bio_list_init(&c->ep_flushes);
 	INIT_WORK(&c->io_work, tc_io_work);
 	INIT_WORK(&c->discard_work, tc_discard_work);

@@ -109,6 +109,12 @@ bool tc_dorder_want_merge(struct tc_dorder *d)
 	return READ_ONCE(d->nr_tail) >= d->tail_cap / 2;
 }
 
+/* The tail is full: tc_dorder_mark_dirty() of a slot not queued fails. */
+bool tc_dorder_full(struct tc_dorder *d)
+{
+	return READ_ONCE(d->nr_tail) >= d->tail_cap;
+}
+
 /* ---- merging ---- */
 
 /*

@@ -21,9 +21,9 @@
  * part.
  *
  * A full tail: tc_dorder_mark_dirty() fails with -ENOSPC and changes
- * nothing; the caller keeps the block clean (the write goes through to the
- * origin, or around the cache) and kicks the owner to merge.  Merging in
- * the I/O path is never needed.
+ * nothing; the caller kicks the owner to merge, and may wait for that
+ * merge (tc_dorder_full() tells when to try again) or keep the block
+ * clean.  Merging in the I/O path is never needed.
  *
  * Concurrency:
  *   - tc_dorder_mark_dirty(): any context but hard interrupts; by the
@@ -72,6 +72,7 @@ u32 tc_dorder_tail_cap(u32 nr_slots);
 
 int tc_dorder_mark_dirty(struct tc_dorder *d, u32 slot);
 bool tc_dorder_want_merge(struct tc_dorder *d);
+bool tc_dorder_full(struct tc_dorder *d);
 int tc_dorder_merge(struct tc_dorder *d, gfp_t gfp);
 int tc_dorder_load(struct tc_dorder *d, u32 slot);
 void tc_dorder_load_end(struct tc_dorder *d);

@@ -957,7 +957,8 @@ static void tc_wb_retry_work(struct work_struct *w)
 /*
  * The dirty slots written since the last merge join the ordered walk.  The
  * engine may run on the reclaim path: its allocations do no I/O and give
- * up rather than wait (the slots then wait for the next merge).
+ * up rather than wait (the slots then wait for the next merge).  Writes
+ * parked for room in the tail try again, merged or not (each waits once).
  */
 static int tc_wb_merge(struct tc_cache *c)
 {
@@ -965,6 +966,7 @@ static int tc_wb_merge(struct tc_cache *c)
 	int r = tc_index_merge(c, GFP_KERNEL | __GFP_NORETRY | __GFP_NOWARN);
 
 	memalloc_noio_restore(noio);
+	tc_wake_order_waiters(c);
 	return r;
 }
 

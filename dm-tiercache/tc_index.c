@@ -451,6 +451,15 @@ int tc_mark_dirty(struct tc_cache *c, u32 slot)
 }
 
 /*
+ * Writers filled the dirty order's tail: no block can become dirty until
+ * the engine merges it (tc_queue_dirty() kicked it).
+ */
+bool tc_index_tail_full(struct tc_cache *c)
+{
+	return tc_dorder_full(&c->ix.dorder);
+}
+
+/*
  * Loading: the versions of one block go into the map oldest first, so
  * that the newest comes first in the chain.  @slot, of @epoch, joins the
  * versions loaded before it.

@@ -70,6 +70,7 @@ void tc_remove_chain(struct tc_cache *c, u64 block);
 u32 tc_chain_in_wb(struct tc_cache *c, u64 block);
 bool tc_epoch_needs_cow(struct tc_cache *c, u32 slot);
 int tc_mark_dirty(struct tc_cache *c, u32 slot);
+bool tc_index_tail_full(struct tc_cache *c);
 int tc_index_load(struct tc_cache *c, u32 slot, u64 block, u64 epoch);
 int tc_index_load_end(struct tc_cache *c);
 

@@ -29,6 +29,7 @@ enum tc_action {
 	TC_WAIT_EPOCH,		/* wait for writeback of an older epoch */
 	TC_WAIT_OPEN,		/* wait for room for a new epoch */
 	TC_WAIT_SLOT,		/* wait for writeback to free a slot */
+	TC_WAIT_ORDER,		/* wait for a merge of the dirty order's tail */
 	TC_FAIL,		/* fail with an I/O error */
 };
 
@@ -126,6 +127,22 @@ static bool tc_write_allocate(struct tc_cache *c, struct tc_bio *pb, u64 block)
 	}
 	/* on disk only once the slot holds the data: see tc_end_io() */
 	pb->meta_new = true;
+	return true;
+}
+
+/*
+ * Writers filled the dirty order's tail before the engine merged it: a
+ * write that would make a block dirty waits for that merge (the engine
+ * was kicked), once, rather than go to the origin as a small random
+ * write, which is what the cache is there to avoid.  A write that finds
+ * the tail full again after that merge (it failed: no memory) goes on as
+ * before, through to the origin or around the cache.
+ */
+static bool tc_order_wait(struct tc_cache *c, struct tc_bio *pb)
+{
+	if (pb->order_waited || !tc_index_tail_full(c))
+		return false;
+	pb->order_waited = true;
 	return true;
 }
 
@@ -373,6 +390,8 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 		}
 		pb->was_clean = !tc_slot_dirty(c, slot);
 		if (tc_mark_dirty(c, slot)) {
+			if (tc_order_wait(c, pb))
+				return TC_WAIT_ORDER;
 			if (tc_around_waits(c, pb->epoch))
 				return TC_WAIT_EPOCH;
 			return tc_write_through(c, bio, pb, slot);
@@ -390,8 +409,12 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 miss:
 	if (!tc_writes_dirty(c))
 		return tc_write_uncached(c, pb);
-	if (tc_whole_block(c, bio) && tc_write_allocate(c, pb, block))
-		return tc_write_cache(c, bio, pb);
+	if (tc_whole_block(c, bio)) {
+		if (tc_write_allocate(c, pb, block))
+			return tc_write_cache(c, bio, pb);
+		if (tc_order_wait(c, pb))
+			return TC_WAIT_ORDER;
+	}
 	if (tc_around_waits(c, pb->epoch))
 		return TC_WAIT_EPOCH;
 	tc_count(c, TC_S_WRITE_BYPASS);
@@ -478,25 +501,42 @@ static bool tc_still_waits(struct tc_cache *c, enum tc_action why, u64 epoch)
 		return tc_around_waits(c, epoch);
 	case TC_WAIT_OPEN:
 		return !tc_epoch_can_open(&c->ix.ep);
+	case TC_WAIT_ORDER:
+		return tc_index_tail_full(c);
 	default:
 		/* a free slot: writeback lets go of one, or no copy is needed */
 		return tc_origin_behind(c);
 	}
 }
 
+/* The list a write parked for @why (a TC_WAIT_* of tc_wait_epoch()) joins. */
+static struct bio_list *tc_wait_list(struct tc_cache *c, enum tc_action why)
+{
+	switch (why) {
+	case TC_WAIT_SLOT:
+		return &c->wb_wait;
+	case TC_WAIT_ORDER:
+		return &c->order_wait;
+	default:
+		return &c->ep_wait;
+	}
+}
+
 /*
  * A write parked until writeback has sent older epochs to the origin
  * (TC_WAIT_EPOCH), retired one to make room for a new epoch
- * (TC_WAIT_OPEN), or freed a slot for a copy (TC_WAIT_SLOT).  Nothing was
- * changed for it.  It lets go of its block's lock (writeback may need that
- * block: the older version this write would copy) and starts over when
- * writeback retires an epoch (tc_epoch_waiters_go()) or, waiting for a
- * slot, lets go of slots (tc_wake_wb_waiters()).  The engine runs for it,
- * watermark or not.
+ * (TC_WAIT_OPEN), freed a slot for a copy (TC_WAIT_SLOT), or merged the
+ * dirty order's full tail (TC_WAIT_ORDER).  Nothing was changed for it.
+ * It lets go of its block's lock (writeback may need that block: the
+ * older version this write would copy) and starts over when writeback
+ * retires an epoch (tc_epoch_waiters_go()), lets go of slots
+ * (tc_wake_wb_waiters()) or merges (tc_wake_order_waiters()).  The engine
+ * runs for it, watermark or not.
  */
 static void tc_wait_epoch(struct tc_cache *c, struct bio *bio,
 			  struct tc_bio *pb, enum tc_action why)
 {
+	struct bio_list *list = tc_wait_list(c, why);
 	u64 epoch = pb->epoch;	/* once parked, the bio may be gone */
 	unsigned long flags;
 
@@ -511,20 +551,18 @@ static void tc_wait_epoch(struct tc_cache *c, struct bio *bio,
 	pb->to_cache = false;
 	pb->cow_from = TC_SLOT_NONE;
 	spin_lock_irqsave(&c->defer_lock, flags);
-	bio_list_add(why == TC_WAIT_SLOT ? &c->wb_wait : &c->ep_wait, bio);
+	bio_list_add(list, bio);
 	spin_unlock_irqrestore(&c->defer_lock, flags);
-	set_bit(TC_FL_EPOCH_WAIT, &c->fl.bits);
+	/* a merge is not writeback: the engine runs one for any kick */
+	if (why != TC_WAIT_ORDER)
+		set_bit(TC_FL_EPOCH_WAIT, &c->fl.bits);
 	/*
 	 * Parked, then the state read again: pairs with the wakers, which
 	 * change it before they read the lists.
 	 */
 	smp_mb();
-	if (!tc_still_waits(c, why, epoch)) {
-		if (why == TC_WAIT_SLOT)
-			tc_wake_wb_waiters(c);
-		else
-			tc_wake_ep_waiters(c);
-	}
+	if (!tc_still_waits(c, why, epoch))
+		tc_requeue_parked(c, list);
 	tc_flush_kick(c);
 }
 
@@ -537,6 +575,17 @@ void tc_wake_wb_waiters(struct tc_cache *c)
 	/* the slots let go, then the list read: pairs with tc_wait_wb() */
 	smp_mb();
 	tc_requeue_parked(c, &c->wb_wait);
+}
+
+/*
+ * The engine merged the dirty order (or tried to): the writes parked for
+ * room in its tail try again.
+ */
+void tc_wake_order_waiters(struct tc_cache *c)
+{
+	/* the tail emptied, then the list read: pairs with tc_wait_epoch() */
+	smp_mb();
+	tc_requeue_parked(c, &c->order_wait);
 }
 
 /* Decide where a bio holding its block's lock goes, and send it on. */
@@ -571,6 +620,7 @@ static int tc_dispatch(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 	case TC_WAIT_EPOCH:
 	case TC_WAIT_OPEN:
 	case TC_WAIT_SLOT:
+	case TC_WAIT_ORDER:
 		tc_wait_epoch(c, bio, pb, act);
 		return DM_MAPIO_SUBMITTED;
 	case TC_FAIL:
@@ -766,6 +816,7 @@ int tc_map(struct dm_target *ti, struct bio *bio)
 	pb->discard = false;
 	pb->meta_new = false;
 	pb->again = false;
+	pb->order_waited = false;
 	pb->cow_from = TC_SLOT_NONE;
 	pb->fua = bio->bi_opf & REQ_FUA;
 	pb->holder.granted = false;

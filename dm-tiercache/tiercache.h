@@ -295,6 +295,9 @@ struct tc_cache {
 					 * slot (defer_lock)
 					 */
 	struct bio_list ep_wait;	/* writes waiting for an epoch */
+	struct bio_list order_wait;	/* writes waiting for a merge of the
+					 * dirty order's full tail
+					 */
 	struct bio_list ep_flushes;	/* flushes waiting for an epoch */
 
 	struct tc_stats stats;
@@ -389,6 +392,7 @@ struct tc_bio {
 					 */
 	struct tc_range range;
 	bool again;			/* dispatched again: counted once */
+	bool order_waited;		/* waited once for a full tail's merge */
 	u64 epoch;			/* a write: the epoch open at its map */
 	struct tc_oflush_req oflush;	/* bio 1 of a flush: waits in tc_oflush.c */
 };
@@ -461,6 +465,7 @@ struct tc_holder *tc_holder_of(struct bio *bio);
 void tc_queue_io(struct tc_cache *c, struct bio *bio);
 bool tc_origin_behind(struct tc_cache *c);
 void tc_wake_wb_waiters(struct tc_cache *c);
+void tc_wake_order_waiters(struct tc_cache *c);
 void tc_epoch_waiters_go(struct tc_cache *c);
 void tc_epoch_waiters_fail(struct tc_cache *c, int err);
 

@@ -571,8 +571,11 @@ static u32 dm_pick_valid(struct dmodel *dm)
 
 static void dm_mark_dirty(struct dmodel *dm, u32 s)
 {
+	bool full = tc_dorder_full(&dm->d);
 	int r = tc_dorder_mark_dirty(&dm->d, s);
 
+	CHECK(full == (dm->tail == dm->d.tail_cap), "tc_dorder_full() %d with %u of %u",
+	      full, dm->tail, dm->d.tail_cap);
 	if (dm->where[s] != W_NONE) {
 		CHECK(!r, "mark dirty of a queued slot failed");
 		dm->dirty[s] = 1;
