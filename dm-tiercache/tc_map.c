@@ -33,6 +33,9 @@ enum tc_action {
 	TC_FAIL,		/* fail with an I/O error */
 };
 
+/* merges a write may wait for when the dirty order's tail is full */
+#define TC_ORDER_WAITS	4
+
 static bool tc_whole_block(struct tc_cache *c, struct bio *bio)
 {
 	return !(bio->bi_iter.bi_sector & (c->block_sectors - 1)) &&
@@ -116,33 +119,38 @@ static bool tc_writes_dirty(struct tc_cache *c)
 	       !atomic_read(&c->no_dirty) && !tc_failed(c);
 }
 
-/* A full-block write miss in writeback mode: give it a fresh dirty slot. */
-static bool tc_write_allocate(struct tc_cache *c, struct tc_bio *pb, u64 block)
+/*
+ * A full-block write miss in writeback mode: give it a fresh dirty slot.
+ * -EAGAIN: the dirty order's tail is full (nothing changed for the write);
+ * -ENOSPC: no slot.
+ */
+static int tc_write_allocate(struct tc_cache *c, struct tc_bio *pb, u64 block)
 {
 	if (tc_alloc_slot(c, block, &pb->slot))
-		return false;
+		return -ENOSPC;
 	if (tc_insert(c, pb->slot, block, true)) {
 		tc_free_slot(c, pb->slot);
-		return false;
+		return -EAGAIN;
 	}
 	/* on disk only once the slot holds the data: see tc_end_io() */
 	pb->meta_new = true;
-	return true;
+	return 0;
 }
 
 /*
  * Writers filled the dirty order's tail before the engine merged it: a
- * write that would make a block dirty waits for that merge (the engine
- * was kicked), once, rather than go to the origin as a small random
- * write, which is what the cache is there to avoid.  A write that finds
- * the tail full again after that merge (it failed: no memory) goes on as
- * before, through to the origin or around the cache.
+ * write that would make a block dirty waits for a merge (the engine was
+ * kicked) rather than go to the origin as a small random write, which is
+ * what the cache is there to avoid.  New writes may fill the tail again
+ * before a parked one comes back, so it may wait again, a few times at
+ * most: merges that fail (no memory) must not hold it for ever.  After
+ * that it goes on as before, through to the origin or around the cache.
  */
-static bool tc_order_wait(struct tc_cache *c, struct tc_bio *pb)
+static bool tc_order_wait(struct tc_bio *pb)
 {
-	if (pb->order_waited || !tc_index_tail_full(c))
+	if (pb->order_waits >= TC_ORDER_WAITS)
 		return false;
-	pb->order_waited = true;
+	pb->order_waits++;
 	return true;
 }
 
@@ -351,6 +359,7 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 			       struct tc_bio *pb, u64 block)
 {
 	u32 slot;
+	int r;
 
 	if (tc_failed(c))
 		return tc_write_failed(c, bio, pb, block);
@@ -390,7 +399,8 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 		}
 		pb->was_clean = !tc_slot_dirty(c, slot);
 		if (tc_mark_dirty(c, slot)) {
-			if (tc_order_wait(c, pb))
+			/* -ENOSPC: the tail is full */
+			if (tc_order_wait(pb))
 				return TC_WAIT_ORDER;
 			if (tc_around_waits(c, pb->epoch))
 				return TC_WAIT_EPOCH;
@@ -410,9 +420,13 @@ miss:
 	if (!tc_writes_dirty(c))
 		return tc_write_uncached(c, pb);
 	if (tc_whole_block(c, bio)) {
-		if (tc_write_allocate(c, pb, block))
+		/* not before a clean block is evicted for it */
+		if (tc_index_tail_full(c) && tc_order_wait(pb))
+			return TC_WAIT_ORDER;
+		r = tc_write_allocate(c, pb, block);
+		if (!r)
 			return tc_write_cache(c, bio, pb);
-		if (tc_order_wait(c, pb))
+		if (r == -EAGAIN && tc_order_wait(pb))
 			return TC_WAIT_ORDER;
 	}
 	if (tc_around_waits(c, pb->epoch))
@@ -526,7 +540,8 @@ static struct bio_list *tc_wait_list(struct tc_cache *c, enum tc_action why)
  * A write parked until writeback has sent older epochs to the origin
  * (TC_WAIT_EPOCH), retired one to make room for a new epoch
  * (TC_WAIT_OPEN), freed a slot for a copy (TC_WAIT_SLOT), or merged the
- * dirty order's full tail (TC_WAIT_ORDER).  Nothing was changed for it.
+ * dirty order's full tail (TC_WAIT_ORDER).  Nothing of its own was
+ * changed for it.
  * It lets go of its block's lock (writeback may need that block: the
  * older version this write would copy) and starts over when writeback
  * retires an epoch (tc_epoch_waiters_go()), lets go of slots
@@ -816,7 +831,7 @@ int tc_map(struct dm_target *ti, struct bio *bio)
 	pb->discard = false;
 	pb->meta_new = false;
 	pb->again = false;
-	pb->order_waited = false;
+	pb->order_waits = 0;
 	pb->cow_from = TC_SLOT_NONE;
 	pb->fua = bio->bi_opf & REQ_FUA;
 	pb->holder.granted = false;

@@ -392,7 +392,7 @@ struct tc_bio {
 					 */
 	struct tc_range range;
 	bool again;			/* dispatched again: counted once */
-	bool order_waited;		/* waited once for a full tail's merge */
+	u8 order_waits;			/* merges of a full tail waited for */
 	u64 epoch;			/* a write: the epoch open at its map */
 	struct tc_oflush_req oflush;	/* bio 1 of a flush: waits in tc_oflush.c */
 };

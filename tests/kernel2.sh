@@ -42,7 +42,7 @@ if [ -z "$KVER2" ] || [ ! -e "/lib/modules/$KVER2/build" ] || [ ! -e "/boot/vmli
 fi
 [ -n "$KVER2" ] || { echo "kernel2: no 6.12 kernel after install" >&2; exit 1; }
 
-TESTS2=${TESTS2:-"test_00 or test_10 or test_20 or test_30 or test_40 or test_50 or test_60 or test_70 or test_flush or test_80 or test_81 or test_90 or test_91 or test_92 or test_93 or test_98"}
+TESTS2=${TESTS2:-"test_00 or test_10 or test_20 or test_30 or test_40 or test_50 or test_60 or test_70 or test_flush or test_80 or test_81 or test_90 or test_91 or test_92 or test_93 or test_94 or test_98"}
 say "kernel $KVER2: tests $TESTS2"
 KVER=$KVER2 TESTS=$TESTS2 TC_SKIP_HOST=1 TC_CRASH=${TC_CRASH:-1} "$REPO/tests/run.sh"
 }
