@@ -13,7 +13,8 @@ the merge it kicked.
 
 The engine is held off deterministically: every unbound workqueue (the
 engine's included) is confined to CPU 1, where a SCHED_FIFO task spins for
-a few seconds with RT throttling off, while this test writes from CPU 0.
+a few seconds with RT throttling off (and, from 6.12, the fair server of
+CPU 1 off too), while this test writes from CPU 0.
 The RAM disks complete each write in the writer's own context, so nothing
 else is needed for a write that stays in the cache.
 
@@ -44,6 +45,8 @@ STRIDE = 3                  # blocks apart: no two writes of one request
 SPIN_S = 4.0
 WQ_MASK = "/sys/devices/virtual/workqueue/cpumask"
 RT_RUNTIME = "/proc/sys/kernel/sched_rt_runtime_us"
+# 6.12+: a deadline server gives fair tasks 5 % of a CPU under real-time load
+FAIR_SERVER = "/sys/kernel/debug/sched/fair_server/cpu1/runtime"
 KEYS = {"high_watermark": 80, "low_watermark": 10}
 
 SPINNER = r"""
@@ -74,9 +77,15 @@ class EngineHeld:
     def __enter__(self):
         if len(os.sched_getaffinity(0)) < 2 or not os.path.exists(WQ_MASK):
             pytest.skip("needs two CPUs and the unbound workqueue cpumask")
+        if not os.path.ismount("/sys/kernel/debug"):
+            tclib.run(["mount", "-t", "debugfs", "none", "/sys/kernel/debug"],
+                      check=False)
         self.mask, self.rt = read_text(WQ_MASK), read_text(RT_RUNTIME)
+        self.fair = read_text(FAIR_SERVER) if os.path.exists(FAIR_SERVER) else None
         self.cpus = os.sched_getaffinity(0)
         write_text(RT_RUNTIME, "-1")
+        if self.fair is not None:
+            write_text(FAIR_SERVER, "0")
         write_text(WQ_MASK, "2")
         self.p = subprocess.Popen(["python3", "-c", SPINNER, str(SPIN_S)],
                                   stdout=subprocess.PIPE, text=True)
@@ -91,8 +100,11 @@ class EngineHeld:
             self.p.wait(timeout=SPIN_S + 60)
             self.end = time.monotonic()
         finally:
-            write_text(WQ_MASK, self.mask)
+            # in the reverse order of the changes
+            if self.fair is not None:
+                write_text(FAIR_SERVER, self.fair)
             write_text(RT_RUNTIME, self.rt)
+            write_text(WQ_MASK, self.mask)
             os.sched_setaffinity(0, self.cpus)
         return False
 
