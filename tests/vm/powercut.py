@@ -116,16 +116,27 @@ class BioTrace:
     def __init__(self, dev):
         st = os.stat(dev)
         self.major, self.minor = os.major(st.st_rdev), os.minor(st.st_rdev)
+        self.saved = None      # the buffer size and clock before start()
 
     def _w(self, name, value):
         with open(os.path.join(TRACING, name), "w") as f:
             f.write(value)
+
+    def _r(self, name):
+        with open(os.path.join(TRACING, name)) as f:
+            return f.read()
 
     def start(self):
         if not os.path.exists(os.path.join(TRACING, "trace")):
             os.makedirs(TRACING, exist_ok=True)
             os.system(f"mount -t tracefs nodev {TRACING}")
         self._w("tracing_on", "0")
+        # "7 (expanded: 1408)" before the first use; "[local] global ..."
+        size = self._r("buffer_size_kb")
+        expanded = re.search(r"expanded: (\d+)", size)
+        clock = re.search(r"\[(\w+)\]", self._r("trace_clock"))
+        self.saved = (expanded[1] if expanded else size.split()[0],
+                      clock[1] if clock else "local")
         self._w("trace_clock", "global")
         self._w("buffer_size_kb", "16384")
         flt = f"dev == {(self.major << 20) | self.minor}"
@@ -136,11 +147,17 @@ class BioTrace:
         self._w("tracing_on", "1")
 
     def close(self):
-        """Tracing off (idempotent; for clean-up)."""
+        """Tracing off, the buffer and clock as they were (idempotent; for
+        clean-up)."""
         self._w("tracing_on", "0")
         for ev in self.EVENTS:
             self._w(f"events/{ev}/enable", "0")
             self._w(f"events/{ev}/filter", "0")
+        if self.saved:
+            size, clock = self.saved
+            self.saved = None
+            self._w("buffer_size_kb", size)
+            self._w("trace_clock", clock)
 
     def stop(self):
         """Tracing off; the bios traced since start()."""
