@@ -28,7 +28,7 @@ REGION_MIB=${REGION_MIB:-256}
 . "$REPO/scripts/lib.sh"
 
 if [ "${1:-}" != "--inside" ]; then
-	tc_bench_vm 2G "RUNTIME=$RUNTIME ROUNDS=$ROUNDS REGION_MIB=$REGION_MIB" "$0"
+	tc_bench_vm 2G "RUNTIME=$RUNTIME ROUNDS=$ROUNDS REGION_MIB=$REGION_MIB${TIERCACHE_KO:+ TIERCACHE_KO=$TIERCACHE_KO}" "$0"
 	exit 0
 fi
 
