@@ -958,7 +958,8 @@ static void tc_wb_retry_work(struct work_struct *w)
  * The dirty slots written since the last merge join the ordered walk.  The
  * engine may run on the reclaim path: its allocations do no I/O and give
  * up rather than wait (the slots then wait for the next merge).  Writes
- * parked for room in the tail try again, merged or not (each waits once).
+ * parked for room in the tail try again, merged or not (each waits for
+ * at most TC_ORDER_WAITS merges).
  */
 static int tc_wb_merge(struct tc_cache *c)
 {
