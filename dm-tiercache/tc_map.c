@@ -419,10 +419,11 @@ static enum tc_action tc_write(struct tc_cache *c, struct bio *bio,
 miss:
 	if (!tc_writes_dirty(c))
 		return tc_write_uncached(c, pb);
-	if (tc_whole_block(c, bio)) {
-		/* not before a clean block is evicted for it */
-		if (tc_index_tail_full(c) && tc_order_wait(pb))
+	/* a full tail: no clean block is evicted for a slot it cannot take */
+	if (tc_whole_block(c, bio) && tc_index_tail_full(c)) {
+		if (tc_order_wait(pb))
 			return TC_WAIT_ORDER;
+	} else if (tc_whole_block(c, bio)) {
 		r = tc_write_allocate(c, pb, block);
 		if (!r)
 			return tc_write_cache(c, bio, pb);
