@@ -31,7 +31,7 @@ from tclib import MiB
 
 pytestmark = [pytest.mark.module, pytest.mark.usefixtures("tc_module")]
 
-SECONDS = int(os.environ.get("TC_FSX_SECONDS", "60"))
+SECONDS = int(os.environ.get("TC_FSX_SECONDS", "30"))
 SEED = int(os.environ.get("TC_FSX_SEED", "1"))
 
 

@@ -238,10 +238,10 @@ def test_02_refused_creates_leave_nothing_behind(stack):
     refused with a kernel log line naming the problem, and no device of
     that name exists afterwards.  Numbers that wrap around 2^32 (block
     size, feature count, key values) must be refused, not read modulo
-    2^32.  TC_BADTABLE_ROUNDS (default 20) rounds; the debug kernel's
+    2^32.  TC_BADTABLE_ROUNDS (default 5) rounds; the debug kernel's
     lane runs 2 (each create takes seconds there)."""
     import re
-    rounds = int(os.environ.get("TC_BADTABLE_ROUNDS", "20"))
+    rounds = int(os.environ.get("TC_BADTABLE_ROUNDS", "5"))
     origin = stack.ram(16 * MiB)
     cache = stack.ram(4 * MiB)
     blank = stack.ram(4 * MiB)

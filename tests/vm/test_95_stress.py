@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def test_stress(capsys):
-    seconds = float(os.environ.get("TC_STRESS_SECONDS", "120"))
+    seconds = float(os.environ.get("TC_STRESS_SECONDS", "60"))
     seeds = os.environ.get("TC_STRESS_SEED", "1").split(",")
     threads = os.environ.get("TC_STRESS_THREADS", "4")
     failed = []
