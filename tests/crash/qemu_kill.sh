@@ -22,11 +22,13 @@
 # 5. Both boots' kernel logs must be free of oops/BUG/WARNING
 #    (tests/vm/dmesg-bad.txt minus tests/vm/dmesg-ok.txt).
 #
-# It runs twice (TC_CRASH_COMMIT_MS, default "600000 1000"), each run in
-# RESULTS_DIR/commit_ms-N: with the commit timer out of the way
+# It runs twice (TC_CRASH_COMMIT_MS, default "600000 1000:ordered"), each
+# run in RESULTS_DIR/commit_ms-N: with the commit timer out of the way
 # (600000 ms) the flush points are the only metadata commits, so a flush
-# that does not commit is caught; with the default 1 s timer, commits run
-# while the unflushed writes do and the kill can cut one short.
+# that does not commit is caught; with the default 1 s timer (under the
+# ordered policy), commits run while the unflushed writes do and the kill
+# can cut one short.  "1000" alone runs the 1 s timer under the default
+# policy.
 #
 # Exit status 0 on PASS; the last line is "crash test: PASS|FAIL: detail".
 # The disk images are deleted after a PASS and kept after a FAIL.
@@ -48,7 +50,7 @@ TC_KVM=${TC_KVM:-auto}
 TC_VM_LOCK=${TC_VM_LOCK-/tmp/tiercache-vm.lock}
 SEED=${TC_CRASH_SEED:-$(( $(date +%s) % 1000000 ))}
 TIMEOUT=${TC_CRASH_TIMEOUT:-900}
-COMMIT_MS=${TC_CRASH_COMMIT_MS:-600000 1000 1000:ordered}
+COMMIT_MS=${TC_CRASH_COMMIT_MS:-600000 1000:ordered}
 TOP=${1:-$REPO/results/crash-$(date +%Y%m%d-%H%M%S)-$$}
 mkdir -p "$TOP"
 TOP=$(cd "$TOP" && pwd)
