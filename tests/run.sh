@@ -9,7 +9,7 @@
 #      pytest tests/vm, junit xml + guest dmesg into results/<stamp>/
 #   5. fail on any test failure, a guest oops/BUG/WARNING/hung task, or a VM
 #      that did not finish
-#   6. the QEMU-kill crash test (tests/crash/qemu_kill.sh, two more boots):
+#   6. the QEMU-kill crash test (tests/crash/qemu_kill.sh, two boots per run):
 #      full suite only, results/<stamp>/crash/
 #
 # Environment:

@@ -67,7 +67,7 @@ export TC_BOOT_CLEAN=1
 # test_99: e2fsck of every 8th origin state (each takes seconds on this
 # kernel); its sector rule still judges all of them
 export TC_ORACLE_FSCK_EVERY=${TC_ORACLE_FSCK_EVERY:-8}
-# test_90 case 2: 2 rounds of refused creates, not 20 (about 10 s each here)
+# test_90 case 2: 2 rounds of refused creates, not 5 (about 10 s each here)
 export TC_BADTABLE_ROUNDS=${TC_BADTABLE_ROUNDS:-2}
 for boot in $(seq 1 "${TC_DEBUG_BOOTS:-3}"); do
 	rc=0

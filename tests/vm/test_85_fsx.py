@@ -11,7 +11,7 @@ what the cached device showed, and e2fsck -fn clean.
 
 xfstests is built by tests/xfstests/setup.sh (called by tests/install-deps.sh)
 into /opt/tiercache-test/xfstests; XFSTESTS_DIR overrides.  Duration:
-TC_FSX_SECONDS (default 60; tests/xfstests/run.sh runs it longer),
+TC_FSX_SECONDS (default 30; tests/xfstests/run.sh runs it longer),
 seed: TC_FSX_SEED (default 1).
 """
 

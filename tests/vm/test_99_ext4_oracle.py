@@ -16,7 +16,8 @@ epoch's writes always precede its mark).
 
 Then the log is replayed from the end of mkfs onto a RAM disk, and at
 every FLUSH or FUA entry and at 200 or more other points (every Nth
-write) a copy of the origin alone is checked:
+write) a copy of the origin alone is judged by the sector rule below, and
+every TC_ORACLE_FSCK_EVERY-th one (and the last) checked:
   - e2fsck recovers the journal, then `e2fsck -fp` (forced) repairs by
     itself whatever it finds;
   - under `ordered`, every file whose fsync returned while epoch_current
@@ -434,7 +435,7 @@ def keep_evidence(logdev, uplog, trace):
 
 
 def test_ordered_origin_is_always_a_power_cut_state(stack):
-    """The promise, judged sector by sector; then ext4 at every state: the
+    """The promise, judged sector by sector; then ext4 (every Nth state): the
     boot-time check repairs by itself whatever it finds (ext4 alone, with
     no cache, leaves states whose i_blocks that check corrects at legal
     cuts of this workload: tests/vm/control_99_ext4_alone.py,
@@ -458,7 +459,7 @@ def test_ordered_origin_is_always_a_power_cut_state(stack):
     if blocks.illegal or bad:
         tclib.log(f"evidence kept in {keep_evidence(logdev, uplog, trace)}")
     assert not blocks.illegal, \
-        f"{len(blocks.illegal)} of {states} origin states are not a power-cut state " \
+        f"{len(blocks.illegal)} of {len(blocks.verdicts)} origin states are not a power-cut state " \
         f"of the cached device at the block level; the first: {blocks.first}" \
         + (f"\ne2fsck: {len(bad)} bad, the first: {first}" if bad else "")
     assert not bad, f"{len(bad)} of {states} origin states are not a power-cut " \
@@ -479,9 +480,9 @@ def test_default_policy_leaves_a_damaged_origin(stack):
     assert tc.status()["epoch_current"] == 0
     states, bad, first, _, blocks, _ = replay_oracle(stack, logdev, files, True,
                                                      uplog, bios)
-    assert blocks.illegal, f"the default policy passed {states} origin states at " \
+    assert blocks.illegal, f"the default policy passed {len(blocks.verdicts)} origin states at " \
         "the block level: this oracle cannot tell the policies apart"
-    tclib.log(f"default policy: {len(blocks.illegal)} of {states} states illegal at "
+    tclib.log(f"default policy: {len(blocks.illegal)} of {len(blocks.verdicts)} states illegal at "
               f"the block level, the first: {blocks.first[:300]}; "
               f"{len(bad)} damaged per e2fsck")
 
