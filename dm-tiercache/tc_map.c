@@ -2,12 +2,15 @@
 /*
  * dm-tiercache: bio dispatch.
  *
- * Device-mapper splits every bio at block boundaries (max_io_len), so a
- * read or write touches one block.  It takes that block's lock, then the
- * read or write helper decides where it goes and returns an action the
- * dispatcher carries out.  Bios that need more than a remap (writes to
- * both devices, promotions) continue in process context in tc_io_work(),
- * still holding the lock; the lock is dropped in tc_end_io().
+ * A bio that spans blocks is trimmed to its first block in tc_map()
+ * (device-mapper sends the rest on as a new bio), so a read or write
+ * touches one block, except a read of blocks that are all cached in
+ * consecutive slots: it goes to the cache device whole (tc_map_run()).
+ * A bio takes its block's lock, then the read or write helper decides
+ * where it goes and returns an action the dispatcher carries out.  Bios
+ * that need more than a remap (writes to both devices, promotions)
+ * continue in process context in tc_io_work(), still holding the lock;
+ * the lock is dropped in tc_end_io().
  *
  * When the cache device fails a bio that has a good copy elsewhere (a read
  * of a clean block, a write to a fresh or clean slot), tc_end_io() takes
@@ -678,6 +681,126 @@ static int tc_map_rw(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 	return tc_dispatch(c, bio, pb);
 }
 
+/* most blocks a read of cached data sends to the cache device at once */
+#define TC_RUN_MAX	64
+
+static bool tc_spans_blocks(struct tc_cache *c, struct bio *bio)
+{
+	return bio_sectors(bio) &&
+	       (bio->bi_iter.bi_sector ^ (bio_end_sector(bio) - 1)) >>
+	       c->block_shift;
+}
+
+/* Device-mapper sends the part of @bio after its first @n blocks on. */
+static void tc_trim_blocks(struct tc_cache *c, struct bio *bio, u64 n)
+{
+	sector_t end = ((bio->bi_iter.bi_sector >> c->block_shift) + n) <<
+		       c->block_shift;
+
+	if (end < bio_end_sector(bio))
+		dm_accept_partial_bio(bio, end - bio->bi_iter.bi_sector);
+}
+
+/* Read-lock @block if it is still cached in @slot. */
+static bool tc_run_trylock(struct tc_cache *c, struct tc_holder *h,
+			   u64 block, u32 slot)
+{
+	if (tc_lookup(c, block) != slot ||
+	    !tc_trylock(&c->locks, h, block, TC_LK_READ))
+		return false;
+	/* looked up again under the lock: it may have gone meanwhile */
+	if (tc_lookup(c, block) == slot)
+		return true;
+	tc_unlock(&c->locks, h);
+	return false;
+}
+
+static void tc_run_unlock(struct tc_cache *c, struct tc_bio *pb)
+{
+	unsigned int i;
+
+	for (i = 0; i < pb->run->nr; i++)
+		tc_unlock(&c->locks, &pb->run->h[i]);
+	kfree(pb->run);
+	pb->run = NULL;
+}
+
+/*
+ * Lock the blocks after @pb's first while they sit in the slots after
+ * its slot, @n blocks in all at most.  Returns how many blocks the run
+ * holds, the first included.  Nothing here waits: a busy block, or no
+ * memory for the locks, ends the run.
+ */
+static unsigned int tc_run_lock(struct tc_cache *c, struct tc_bio *pb,
+				unsigned int n)
+{
+	struct tc_run *run;
+	unsigned int i;
+
+	run = kmalloc(struct_size(run, h, n - 1), GFP_NOWAIT | __GFP_NOWARN);
+	if (!run)
+		return 1;
+	for (i = 1; i < n; i++)
+		if (!tc_run_trylock(c, &run->h[i - 1], pb->block + i,
+				    pb->slot + i))
+			break;
+	run->nr = i - 1;
+	if (!run->nr) {
+		kfree(run);
+		return 1;
+	}
+	pb->run = run;
+	return i;
+}
+
+/*
+ * A read of several blocks that are all cached, in consecutive slots,
+ * goes to the cache device as one bio: splitting it into block-sized
+ * bios costs per-bio work on both layers for nothing.  Each block is
+ * read-locked, as a one-block read hit would be; a block that is not
+ * cached in the next slot, or whose lock is busy, ends the run there and
+ * the rest of the bio comes back as a new one.  Only in the map function
+ * (dm_accept_partial_bio()).  Returns false, holding nothing, if the bio
+ * is not such a read: it is then trimmed to its first block.
+ */
+static bool tc_map_run(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
+{
+	u64 first = bio->bi_iter.bi_sector >> c->block_shift;
+	u64 n = ((bio_end_sector(bio) - 1) >> c->block_shift) - first + 1;
+	u32 slot;
+
+	if (bio_data_dir(bio) != READ || c->mode == TC_MODE_PASSTHROUGH ||
+	    tc_failed(c) || first + 1 >= c->nr_blocks)
+		return false;
+	/* unlocked hints first: most bios that are no such run stop here */
+	slot = tc_lookup(c, first);
+	if (slot == TC_SLOT_NONE || slot + 1 >= c->nr_slots ||
+	    tc_lookup(c, first + 1) != slot + 1 ||
+	    !tc_run_trylock(c, &pb->holder, first, slot))
+		return false;
+	/* the run's slots are consecutive sectors of the cache device */
+	n = min3(n, c->nr_blocks - first, (u64)TC_RUN_MAX);
+	n = min_t(u64, n, c->nr_slots - slot);
+	pb->locked = true;
+	pb->block = first;
+	pb->slot = slot;
+	n = tc_run_lock(c, pb, n);
+	if (n < 2) {
+		pb->locked = false;
+		tc_unlock(&c->locks, &pb->holder);
+		return false;
+	}
+	tc_trim_blocks(c, bio, n);
+	pb->iter = bio->bi_iter;
+	/* counted per block, as the block-sized bios it replaces were */
+	tc_count_n(c, TC_S_READ_HIT, n);
+	while (n--)
+		tc_touch(c, slot + n);
+	pb->to_cache = true;
+	tc_remap_cache(c, bio, slot);
+	return true;
+}
+
 /*
  * Under the ordered policy a flush closes the open epoch: the writes
  * after it go to a new one.  If one more live epoch is not allowed, the
@@ -827,6 +950,7 @@ int tc_map(struct dm_target *ti, struct bio *bio)
 
 	pb->c = c;
 	pb->locked = false;
+	pb->run = NULL;
 	pb->to_cache = false;
 	pb->was_clean = false;
 	pb->discard = false;
@@ -846,13 +970,25 @@ int tc_map(struct dm_target *ti, struct bio *bio)
 		return tc_map_flush(c, bio);
 
 	bio->bi_iter.bi_sector = dm_target_offset(ti, bio->bi_iter.bi_sector);
-	pb->iter = bio->bi_iter;
 	if (bio_op(bio) == REQ_OP_DISCARD) {
 		if (READ_ONCE(c->read_only))
 			return DM_MAPIO_KILL;	/* drops nothing, sends nothing */
+		pb->iter = bio->bi_iter;
 		tc_queue_discard(c, bio);
 		return DM_MAPIO_SUBMITTED;
 	}
+	/*
+	 * Trimmed here, not split by device-mapper (max_io_len): a read run
+	 * stays whole.  No zoned, atomic or REQ_NOWAIT bios come here (the
+	 * target claims none of those features); such bios must not be
+	 * trimmed.
+	 */
+	if (tc_spans_blocks(c, bio)) {
+		if (tc_map_run(c, bio, pb))
+			return DM_MAPIO_REMAPPED;
+		tc_trim_blocks(c, bio, 1);
+	}
+	pb->iter = bio->bi_iter;
 	return tc_map_rw(c, bio, pb);
 }
 
@@ -878,6 +1014,17 @@ static void tc_drop_cow(struct tc_cache *c, struct tc_bio *pb)
 	pb->cow_from = TC_SLOT_NONE;
 }
 
+/* Is a block a read hit holds dirty (the cache holds its only copy)? */
+static bool tc_run_dirty(struct tc_cache *c, struct tc_bio *pb)
+{
+	unsigned int i, n = pb->run ? pb->run->nr : 0;
+
+	for (i = 0; i <= n; i++)
+		if (tc_is_dirty(c, pb->block + i))
+			return true;
+	return false;
+}
+
 /*
  * The cache device failed a bio that has a good copy elsewhere: a read of
  * a clean block (the origin holds it), a write to a fresh slot or to a
@@ -892,7 +1039,7 @@ static bool tc_cache_failed(struct tc_bio *pb, struct bio *bio,
 	if (!error || !pb->to_cache)
 		return false;
 	if (bio_data_dir(bio) == READ) {
-		if (tc_is_dirty(c, pb->block)) {
+		if (tc_run_dirty(c, pb)) {
 			/* the only copy: the error stands */
 			tc_cache_fail(c, blk_status_to_errno(error),
 				      "read of a dirty block");
@@ -929,6 +1076,8 @@ int tc_end_io(struct dm_target *ti, struct bio *bio, blk_status_t *error)
 		pb->locked = false;
 		tc_unlock(&pb->c->locks, &pb->holder);
 	}
+	if (pb->run)
+		tc_run_unlock(pb->c, pb);
 	if (pb->discard) {
 		pb->discard = false;
 		tc_range_unlock(&pb->c->locks, &pb->range);
@@ -963,8 +1112,8 @@ static void tc_again(struct tc_cache *c, struct bio *bio, struct tc_bio *pb);
 static void tc_to_origin(struct tc_cache *c, struct bio *bio,
 			 struct tc_bio *pb)
 {
-	DMERR_LIMIT("%s: cache device error on block %llu: using the origin",
-		    c->name, pb->block);
+	DMERR_LIMIT("%s: cache device error on block %llu (%u blocks): using the origin",
+		    c->name, pb->block, pb->run ? pb->run->nr + 1 : 1);
 	pb->to_cache = false;	/* its end_io must not take it back again */
 	if (bio_data_dir(bio) == WRITE) {
 		tc_drop_slot(c, pb);

@@ -145,9 +145,6 @@ static int tc_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 		goto bad;
 	}
 
-	r = dm_set_target_max_io_len(ti, t->args.block_sectors);
-	if (r)
-		goto bad;
 	ti->num_flush_bios = 2;
 	ti->flush_supported = true;
 	ti->num_discard_bios = 1;

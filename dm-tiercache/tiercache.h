@@ -368,9 +368,16 @@ enum tc_stage {
 	TC_ST_COW_DONE,		/* new slot written: record it */
 };
 
+/* the read locks of a run's blocks after its first (tc_map.c) */
+struct tc_run {
+	unsigned int nr;
+	struct tc_holder h[];
+};
+
 struct tc_bio {
 	struct tc_cache *c;
 	struct tc_holder holder;
+	struct tc_run *run;		/* a read of several cached blocks */
 	bool locked;
 	bool to_cache;			/* remapped to its slot */
 	bool was_clean;			/* a write hit on a clean copy */
@@ -400,6 +407,12 @@ struct tc_bio {
 static inline void tc_count(struct tc_cache *c, enum tc_io_stat s)
 {
 	this_cpu_inc(c->stats.io->n[s]);
+}
+
+static inline void tc_count_n(struct tc_cache *c, enum tc_io_stat s,
+			      unsigned int n)
+{
+	this_cpu_add(c->stats.io->n[s], n);
 }
 
 static inline struct bio *tc_bio_of(struct tc_bio *pb)
