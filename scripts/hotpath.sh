@@ -1,7 +1,7 @@
 #!/bin/bash
 # SPDX-License-Identifier: GPL-2.0
 #
-# hotpath.sh - foreground 4 KiB IO of cached data: the raw cache device,
+# hotpath.sh - foreground IO of cached data: the raw cache device,
 # dm-linear over it (what any device-mapper target costs), tiercache and
 # dm-writecache side by side in one boot (a benchmark, not a test).
 #
@@ -10,7 +10,8 @@
 #
 # The cache is a RAM disk (brd), the origin a null_blk (its speed does not
 # matter: every IO below hits the cache).  For each device and each job
-# (4 KiB random writes, then random reads of the data just written, at
+# (random writes, then random reads of the data just written, of each
+# size in BS (default 4k; "4k 64k" also shows reads that span blocks), at
 # iodepth 1 and 8, RUNTIME seconds each, over REGION_MIB) fio prints IOPS,
 # mean, p99 and max completion latency; ROUNDS rounds alternate the
 # devices so drift under emulation hits all of them alike.  The last
@@ -23,12 +24,13 @@ REPO=$(cd "$HERE/.." && pwd)
 RUNTIME=${RUNTIME:-10}
 ROUNDS=${ROUNDS:-2}
 REGION_MIB=${REGION_MIB:-256}
+BS=${BS:-4k}
 
 # shellcheck source=lib.sh
 . "$REPO/scripts/lib.sh"
 
 if [ "${1:-}" != "--inside" ]; then
-	tc_bench_vm 2G "RUNTIME=$RUNTIME ROUNDS=$ROUNDS REGION_MIB=$REGION_MIB${TIERCACHE_KO:+ TIERCACHE_KO=$TIERCACHE_KO}" "$0"
+	tc_bench_vm 2G "RUNTIME=$RUNTIME ROUNDS=$ROUNDS REGION_MIB=$REGION_MIB BS='$BS'${TIERCACHE_KO:+ TIERCACHE_KO=$TIERCACHE_KO}" "$0"
 	exit 0
 fi
 
@@ -69,9 +71,9 @@ dmsetup create hp-wc --table \
 dmsetup create hp-lin --table "0 $(blockdev --getsz /dev/ram3) linear /dev/ram3 0"
 dmsetup mknodes
 
-# job DEV RW DEPTH: "iops mean_us p99_us max_us"
+# job DEV RW DEPTH BS: "iops mean_us p99_us max_us"
 job() {
-	fio --name=hp --filename="$1" --bs=4k --direct=1 --ioengine=libaio \
+	fio --name=hp --filename="$1" --bs="$4" --direct=1 --ioengine=libaio \
 	    --iodepth="$3" --rw="$2" --size=${REGION_MIB}M --time_based \
 	    --runtime="$RUNTIME" --randseed=5 --output-format=json |
 	python3 -c '
@@ -91,30 +93,39 @@ done
 
 # a write that found the dirty order's tail full went around the cache
 echo "tiercache after warming: $(dmsetup status hp-tc | awk '{ print "used/slots " $6 ", dirty " $7 ", write bypass " $12 }')"
-printf '%-5s %-10s %5s %-10s %9s %9s %9s %10s %7s %7s %7s\n' round job depth device \
+printf '%-5s %-15s %5s %-10s %9s %9s %9s %10s %7s %7s %7s\n' round job depth device \
 	iops "mean us" "p99 us" "max us" "x iops" "x p99" "x lin"
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b ? a / b : 0 }'; }
+# one job on the four devices; $raw and $lin: the raw device's and
+# dm-linear's figures, for the ratios
+row() {
+	local round=$1 rw=$2 depth=$3 bs=$4 dev r iops mean p99 max riops rp99 liops
+	for dev in ram0 dm-linear tiercache writecache; do
+		case $dev in
+		ram0) r=$raw ;;
+		dm-linear) r=$lin ;;
+		tiercache) r=$(job /dev/mapper/hp-tc "$rw" "$depth" "$bs") ;;
+		writecache) r=$(job /dev/mapper/hp-wc "$rw" "$depth" "$bs") ;;
+		esac
+		read -r iops mean p99 max <<<"$r"
+		read -r riops _ rp99 _ <<<"$raw"
+		read -r liops _ _ _ <<<"$lin"
+		printf '%-5s %-15s %5s %-10s %9s %9s %9s %10s %7s %7s %7s\n' \
+			"$round" "$rw-$bs" "$depth" $dev "$iops" "$mean" "$p99" "$max" \
+			"$(ratio "$iops" "$riops")" "$(ratio "$p99" "$rp99")" \
+			"$(ratio "$iops" "$liops")"
+	done
+}
+
 for round in $(seq 1 "$ROUNDS"); do
-	for rw in randwrite randread; do
-		for depth in 1 8; do
-			raw=$(job /dev/ram0 $rw $depth)
-			lin=$(job /dev/mapper/hp-lin $rw $depth)
-			for dev in ram0 dm-linear tiercache writecache; do
-				case $dev in
-				ram0) r=$raw ;;
-				dm-linear) r=$lin ;;
-				tiercache) r=$(job /dev/mapper/hp-tc $rw $depth) ;;
-				writecache) r=$(job /dev/mapper/hp-wc $rw $depth) ;;
-				esac
-				read -r iops mean p99 max <<<"$r"
-				read -r riops _ rp99 _ <<<"$raw"
-				read -r liops _ _ _ <<<"$lin"
-				printf '%-5s %-10s %5s %-10s %9s %9s %9s %10s %7s %7s %7s\n' \
-					"$round" $rw $depth $dev "$iops" "$mean" "$p99" "$max" \
-					"$(ratio "$iops" "$riops")" "$(ratio "$p99" "$rp99")" \
-					"$(ratio "$iops" "$liops")"
+	for bs in $BS; do
+		for rw in randwrite randread; do
+			for depth in 1 8; do
+				raw=$(job /dev/ram0 $rw $depth "$bs")
+				lin=$(job /dev/mapper/hp-lin $rw $depth "$bs")
+				row "$round" $rw $depth "$bs"
 			done
 		done
 	done
 done
-echo "cache: brd RAM disk; fio 4 KiB, libaio, O_DIRECT, ${RUNTIME} s per job over ${REGION_MIB} MiB; kernel $(uname -r)"
+echo "cache: brd RAM disk; fio $BS, libaio, O_DIRECT, ${RUNTIME} s per job over ${REGION_MIB} MiB; kernel $(uname -r)"
