@@ -792,8 +792,8 @@ static bool tc_map_run(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 	}
 	tc_trim_blocks(c, bio, n);
 	pb->iter = bio->bi_iter;
-	/* counted per block, as the block-sized bios it replaces were */
-	tc_count_n(c, TC_S_READ_HIT, n);
+	/* one bio, one count: the device's own read count agrees */
+	tc_count(c, TC_S_READ_HIT);
 	while (n--)
 		tc_touch(c, slot + n);
 	pb->to_cache = true;

@@ -409,12 +409,6 @@ static inline void tc_count(struct tc_cache *c, enum tc_io_stat s)
 	this_cpu_inc(c->stats.io->n[s]);
 }
 
-static inline void tc_count_n(struct tc_cache *c, enum tc_io_stat s,
-			      unsigned int n)
-{
-	this_cpu_add(c->stats.io->n[s], n);
-}
-
 static inline struct bio *tc_bio_of(struct tc_bio *pb)
 {
 	return dm_bio_from_per_bio_data(pb, sizeof(struct tc_bio));

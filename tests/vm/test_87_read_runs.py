@@ -42,7 +42,8 @@ def test_run_of_cached_blocks_is_one_cache_read_per_64_blocks(stack):
     """1 MiB written with one O_DIRECT write (tiercache takes it block by
     block: consecutive home slots), then read back with one 1 MiB read:
     4 reads reach the cache device (the module before runs sent 256), the
-    data is byte for byte what was written, and no block was a miss.
+    data is byte for byte what was written, no block was a miss, and each
+    run counts one read hit.
     The same once the blocks are clean (after a flush), and for a read that
     starts and ends inside a block."""
     s = stack.setup(origin_mib=64, cache_mib=16, mode="writeback", keys=QUIET,
@@ -57,6 +58,8 @@ def test_run_of_cached_blocks_is_one_cache_read_per_64_blocks(stack):
         tclib.compare(m.data[first * B:first * B + MiB], got, first * B,
                       f"1 MiB read of {state} cached blocks")
         assert misses == 0, f"{state}: {misses} read misses of cached blocks"
+        # one bio, one count (test_10's rule: the device's reads agree)
+        assert hits == reads, f"{state}: {hits} read hits for {reads} cache reads"
         assert reads <= 256 // RUN + 2, \
             (f"{state}: a 1 MiB read of 256 blocks cached in consecutive slots "
              f"took {reads} reads of the cache device ({hits} read hits): "
