@@ -280,6 +280,18 @@ int tc_alloc_slot(struct tc_cache *c, u64 block, u32 *slot)
 	return r;
 }
 
+/* Allocate @slot if it is free: nothing else is taken or reclaimed. */
+bool tc_alloc_slot_at(struct tc_cache *c, u32 slot)
+{
+	struct tc_index *ix = &c->ix;
+	bool taken;
+
+	spin_lock(&ix->alloc_lock);
+	taken = tc_take_free(c, slot);
+	spin_unlock(&ix->alloc_lock);
+	return taken;
+}
+
 /*
  * Park @slot, which has no owner and may be dirty on disk, until a commit
  * records it clean; called under the metadata lock, like tc_slot_unpark().

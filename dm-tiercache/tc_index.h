@@ -63,6 +63,7 @@ bool tc_slot_unpark(struct tc_cache *c, u32 slot);
 
 /* changes, by the holder of the block's lock */
 int tc_alloc_slot(struct tc_cache *c, u64 block, u32 *slot);
+bool tc_alloc_slot_at(struct tc_cache *c, u32 slot);
 void tc_free_slot(struct tc_cache *c, u32 slot);
 int tc_insert(struct tc_cache *c, u32 slot, u64 block, bool dirty);
 void tc_remove(struct tc_cache *c, u32 slot);

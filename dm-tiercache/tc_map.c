@@ -4,8 +4,8 @@
  *
  * A bio that spans blocks is trimmed to its first block in tc_map()
  * (device-mapper sends the rest on as a new bio), so a read or write
- * touches one block, except a read of blocks that are all cached in
- * consecutive slots: it goes to the cache device whole (tc_map_run()).
+ * touches one block, except a run of blocks in consecutive slots, which
+ * goes to the cache device whole (tc_run.c).
  * A bio takes its block's lock, then the read or write helper decides
  * where it goes and returns an action the dispatcher carries out.  Bios
  * that need more than a remap (writes to both devices, promotions)
@@ -50,7 +50,7 @@ static sector_t tc_cache_sector(struct tc_cache *c, u32 slot, sector_t sector)
 	return tc_slot_sector(c, slot) + (sector & (c->block_sectors - 1));
 }
 
-static void tc_remap_cache(struct tc_cache *c, struct bio *bio, u32 slot)
+void tc_remap_cache(struct tc_cache *c, struct bio *bio, u32 slot)
 {
 	bio_set_dev(bio, c->cache_bdev);
 	bio->bi_iter.bi_sector = tc_cache_sector(c, slot,
@@ -116,7 +116,7 @@ static enum tc_action tc_read(struct tc_cache *c, struct bio *bio,
 	return TC_TO_ORIGIN;
 }
 
-static bool tc_writes_dirty(struct tc_cache *c)
+bool tc_writes_dirty(struct tc_cache *c)
 {
 	return c->mode == TC_MODE_WRITEBACK && !READ_ONCE(c->cleaner) &&
 	       !atomic_read(&c->no_dirty) && !tc_failed(c);
@@ -208,7 +208,7 @@ static bool tc_older_epochs(struct tc_cache *c)
  * failed cache under the ordered policy, also while the cache holds any
  * dirty version (see tc_origin_behind()).
  */
-static bool tc_around_waits(struct tc_cache *c, u64 epoch)
+bool tc_around_waits(struct tc_cache *c, u64 epoch)
 {
 	if (tc_failed(c) && READ_ONCE(c->val[TC_KEY_ORDERED]) && tc_nr_dirty(c))
 		return true;
@@ -319,7 +319,7 @@ static enum tc_action tc_write_cow(struct tc_cache *c, struct bio *bio,
  * in place, a crash would load the new data as that epoch's and write it
  * back before the epochs in between.
  */
-static bool tc_stale_clean(struct tc_cache *c, u32 slot)
+bool tc_stale_clean(struct tc_cache *c, u32 slot)
 {
 	return !tc_slot_dirty(c, slot) && tc_epoch_older(&c->ix.ep, slot) &&
 	       tc_meta_disk_dirty(c, slot);
@@ -681,126 +681,6 @@ static int tc_map_rw(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 	return tc_dispatch(c, bio, pb);
 }
 
-/* most blocks a read of cached data sends to the cache device at once */
-#define TC_RUN_MAX	64
-
-static bool tc_spans_blocks(struct tc_cache *c, struct bio *bio)
-{
-	return bio_sectors(bio) &&
-	       (bio->bi_iter.bi_sector ^ (bio_end_sector(bio) - 1)) >>
-	       c->block_shift;
-}
-
-/* Device-mapper sends the part of @bio after its first @n blocks on. */
-static void tc_trim_blocks(struct tc_cache *c, struct bio *bio, u64 n)
-{
-	sector_t end = ((bio->bi_iter.bi_sector >> c->block_shift) + n) <<
-		       c->block_shift;
-
-	if (end < bio_end_sector(bio))
-		dm_accept_partial_bio(bio, end - bio->bi_iter.bi_sector);
-}
-
-/* Read-lock @block if it is still cached in @slot. */
-static bool tc_run_trylock(struct tc_cache *c, struct tc_holder *h,
-			   u64 block, u32 slot)
-{
-	if (tc_lookup(c, block) != slot ||
-	    !tc_trylock(&c->locks, h, block, TC_LK_READ))
-		return false;
-	/* looked up again under the lock: it may have gone meanwhile */
-	if (tc_lookup(c, block) == slot)
-		return true;
-	tc_unlock(&c->locks, h);
-	return false;
-}
-
-static void tc_run_unlock(struct tc_cache *c, struct tc_bio *pb)
-{
-	unsigned int i;
-
-	for (i = 0; i < pb->run->nr; i++)
-		tc_unlock(&c->locks, &pb->run->h[i]);
-	kfree(pb->run);
-	pb->run = NULL;
-}
-
-/*
- * Lock the blocks after @pb's first while they sit in the slots after
- * its slot, @n blocks in all at most.  Returns how many blocks the run
- * holds, the first included.  Nothing here waits: a busy block, or no
- * memory for the locks, ends the run.
- */
-static unsigned int tc_run_lock(struct tc_cache *c, struct tc_bio *pb,
-				unsigned int n)
-{
-	struct tc_run *run;
-	unsigned int i;
-
-	run = kmalloc(struct_size(run, h, n - 1), GFP_NOWAIT | __GFP_NOWARN);
-	if (!run)
-		return 1;
-	for (i = 1; i < n; i++)
-		if (!tc_run_trylock(c, &run->h[i - 1], pb->block + i,
-				    pb->slot + i))
-			break;
-	run->nr = i - 1;
-	if (!run->nr) {
-		kfree(run);
-		return 1;
-	}
-	pb->run = run;
-	return i;
-}
-
-/*
- * A read of several blocks that are all cached, in consecutive slots,
- * goes to the cache device as one bio: splitting it into block-sized
- * bios costs per-bio work on both layers for nothing.  Each block is
- * read-locked, as a one-block read hit would be; a block that is not
- * cached in the next slot, or whose lock is busy, ends the run there and
- * the rest of the bio comes back as a new one.  Only in the map function
- * (dm_accept_partial_bio()).  Returns false, holding nothing, if the bio
- * is not such a read: it is then trimmed to its first block.
- */
-static bool tc_map_run(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
-{
-	u64 first = bio->bi_iter.bi_sector >> c->block_shift;
-	u64 n = ((bio_end_sector(bio) - 1) >> c->block_shift) - first + 1;
-	u32 slot;
-
-	if (bio_data_dir(bio) != READ || c->mode == TC_MODE_PASSTHROUGH ||
-	    tc_failed(c) || first + 1 >= c->nr_blocks)
-		return false;
-	/* unlocked hints first: most bios that are no such run stop here */
-	slot = tc_lookup(c, first);
-	if (slot == TC_SLOT_NONE || slot + 1 >= c->nr_slots ||
-	    tc_lookup(c, first + 1) != slot + 1 ||
-	    !tc_run_trylock(c, &pb->holder, first, slot))
-		return false;
-	/* the run's slots are consecutive sectors of the cache device */
-	n = min3(n, c->nr_blocks - first, (u64)TC_RUN_MAX);
-	n = min_t(u64, n, c->nr_slots - slot);
-	pb->locked = true;
-	pb->block = first;
-	pb->slot = slot;
-	n = tc_run_lock(c, pb, n);
-	if (n < 2) {
-		pb->locked = false;
-		tc_unlock(&c->locks, &pb->holder);
-		return false;
-	}
-	tc_trim_blocks(c, bio, n);
-	pb->iter = bio->bi_iter;
-	/* one bio, one count: the device's own read count agrees */
-	tc_count(c, TC_S_READ_HIT);
-	while (n--)
-		tc_touch(c, slot + n);
-	pb->to_cache = true;
-	tc_remap_cache(c, bio, slot);
-	return true;
-}
-
 /*
  * Under the ordered policy a flush closes the open epoch: the writes
  * after it go to a new one.  If one more live epoch is not allowed, the
@@ -978,7 +858,7 @@ int tc_map(struct dm_target *ti, struct bio *bio)
 		return DM_MAPIO_SUBMITTED;
 	}
 	/*
-	 * Trimmed here, not split by device-mapper (max_io_len): a read run
+	 * Trimmed here, not split by device-mapper (max_io_len): a run
 	 * stays whole.  No zoned, atomic or REQ_NOWAIT bios come here (the
 	 * target claims none of those features); such bios must not be
 	 * trimmed.
@@ -992,9 +872,14 @@ int tc_map(struct dm_target *ti, struct bio *bio)
 	return tc_map_rw(c, bio, pb);
 }
 
-/* A new dirty slot goes into the metadata once its data write succeeded. */
+/*
+ * A new dirty slot goes into the metadata once its data write succeeded
+ * (a write run's: each of its new and once-clean slots).
+ */
 static void tc_record_new(struct tc_bio *pb)
 {
+	if (pb->run)
+		tc_run_record(pb->c, pb);
 	if (!pb->meta_new)
 		return;
 	pb->meta_new = false;
@@ -1014,22 +899,12 @@ static void tc_drop_cow(struct tc_cache *c, struct tc_bio *pb)
 	pb->cow_from = TC_SLOT_NONE;
 }
 
-/* Is a block a read hit holds dirty (the cache holds its only copy)? */
-static bool tc_run_dirty(struct tc_cache *c, struct tc_bio *pb)
-{
-	unsigned int i, n = pb->run ? pb->run->nr : 0;
-
-	for (i = 0; i <= n; i++)
-		if (tc_is_dirty(c, pb->block + i))
-			return true;
-	return false;
-}
-
 /*
  * The cache device failed a bio that has a good copy elsewhere: a read of
  * a clean block (the origin holds it), a write to a fresh slot or to a
- * clean copy (the write can go around the cache).  Take it back: it goes
- * to the origin from tc_io_work().
+ * clean copy (the write can go around the cache), a write run (it goes
+ * there whole, tc_wrun_failed()).  Take it back: it goes to the origin
+ * from tc_io_work().
  */
 static bool tc_cache_failed(struct tc_bio *pb, struct bio *bio,
 			    blk_status_t error)
@@ -1047,6 +922,12 @@ static bool tc_cache_failed(struct tc_bio *pb, struct bio *bio,
 		}
 	} else {
 		tc_cache_fail(c, blk_status_to_errno(error), "write");
+		if (pb->run) {
+			/* to the origin whole, in tc_wrun_failed() */
+			pb->stage = TC_ST_RUN_FAILED;
+			tc_queue_io(c, bio);
+			return true;
+		}
 		if (pb->cow_from != TC_SLOT_NONE) {
 			/* the copy goes in tc_again(), not in interrupt context */
 			pb->stage = TC_ST_AGAIN;
@@ -1161,6 +1042,9 @@ static void tc_pb_put(struct tc_bio *pb)
 	case TC_ST_COW_WRITE:
 		pb->stage = TC_ST_COW_DONE;
 		break;
+	case TC_ST_RUN_DROP:
+		pb->stage = TC_ST_RUN_DROP_DONE;
+		break;
 	default:
 		pb->stage = TC_ST_PROMOTE_DONE;
 		break;
@@ -1202,9 +1086,8 @@ static void tc_submit_child(struct tc_cache *c, struct tc_bio *pb,
 }
 
 /* A clone of @bio over the same pages, to @bdev at @sector. */
-static void tc_submit_clone(struct tc_cache *c, struct bio *bio,
-			    struct block_device *bdev, sector_t sector,
-			    blk_opf_t opf)
+void tc_submit_clone(struct tc_cache *c, struct bio *bio,
+		     struct block_device *bdev, sector_t sector, blk_opf_t opf)
 {
 	struct bio *clone = bio_alloc_clone(bdev, bio, GFP_NOIO, &c->bs);
 
@@ -1599,6 +1482,15 @@ static void tc_process(struct tc_cache *c, struct bio *bio)
 		break;
 	case TC_ST_AROUND_FUA:
 		tc_around_fua(c, bio);
+		break;
+	case TC_ST_RUN_FAILED:
+		tc_wrun_failed(c, bio, pb);
+		break;
+	case TC_ST_RUN_DROP_DONE:
+		tc_wrun_drop_done(c, bio, pb);
+		break;
+	case TC_ST_RUN_DROP:
+		WARN_ON_ONCE(1);	/* not reached: its clone is in flight */
 		break;
 	}
 }

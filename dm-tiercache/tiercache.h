@@ -366,18 +366,26 @@ enum tc_stage {
 				 */
 	TC_ST_COW_WRITE,	/* merged: write the new slot */
 	TC_ST_COW_DONE,		/* new slot written: record it */
+	TC_ST_RUN_FAILED,	/* the cache failed a write run: drop its
+				 * fresh slots, write it to the origin
+				 */
+	TC_ST_RUN_DROP,		/* the run's origin write (FUA) in flight */
+	TC_ST_RUN_DROP_DONE,	/* origin write ended: drop the copies */
 };
 
-/* the read locks of a run's blocks after its first (tc_map.c) */
+/* the locks of a run's blocks after its first (tc_run.c) */
 struct tc_run {
-	unsigned int nr;
+	unsigned int nr;		/* blocks after the first */
+	u64 record;			/* bit i: a write run's block i (0: the
+					 * first) is recorded dirty at end_io
+					 */
 	struct tc_holder h[];
 };
 
 struct tc_bio {
 	struct tc_cache *c;
 	struct tc_holder holder;
-	struct tc_run *run;		/* a read of several cached blocks */
+	struct tc_run *run;		/* a bio of several blocks (tc_run.c) */
 	bool locked;
 	bool to_cache;			/* remapped to its slot */
 	bool was_clean;			/* a write hit on a clean copy */
@@ -475,6 +483,24 @@ void tc_wake_wb_waiters(struct tc_cache *c);
 void tc_wake_order_waiters(struct tc_cache *c);
 void tc_epoch_waiters_go(struct tc_cache *c);
 void tc_epoch_waiters_fail(struct tc_cache *c, int err);
+bool tc_writes_dirty(struct tc_cache *c);
+bool tc_stale_clean(struct tc_cache *c, u32 slot);
+bool tc_around_waits(struct tc_cache *c, u64 epoch);
+void tc_remap_cache(struct tc_cache *c, struct bio *bio, u32 slot);
+void tc_submit_clone(struct tc_cache *c, struct bio *bio,
+		     struct block_device *bdev, sector_t sector, blk_opf_t opf);
+
+/* ---- tc_run.c: bios that go to the cache device whole ---- */
+
+bool tc_spans_blocks(struct tc_cache *c, struct bio *bio);
+void tc_trim_blocks(struct tc_cache *c, struct bio *bio, u64 n);
+bool tc_map_run(struct tc_cache *c, struct bio *bio, struct tc_bio *pb);
+void tc_run_unlock(struct tc_cache *c, struct tc_bio *pb);
+bool tc_run_dirty(struct tc_cache *c, struct tc_bio *pb);
+void tc_run_record(struct tc_cache *c, struct tc_bio *pb);
+void tc_wrun_failed(struct tc_cache *c, struct bio *bio, struct tc_bio *pb);
+void tc_wrun_drop_done(struct tc_cache *c, struct bio *bio,
+		       struct tc_bio *pb);
 
 /* ---- tc_oflush.c: origin flushes ---- */
 
