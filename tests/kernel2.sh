@@ -51,7 +51,7 @@ fi
 # and the review regressions (test_90-93, the other test_98 files) test the
 # module's own logic, the same on both, and run on 6.1 only: both lanes,
 # one after the other, must fit CI's 90 minutes.
-TESTS2=${TESTS2:-"test_00 or test_10 or test_20 or test_30 or test_50 or test_70 or test_80 or test_87 or test_94 or test_98_epochs"}
+TESTS2=${TESTS2:-"test_00 or test_10 or test_20 or test_30 or test_50 or test_70 or test_80 or test_87 or test_88 or test_94 or test_98_epochs"}
 # one crash run (the ordered policy, the 1 s commit timer), not the 6.1 lane's two
 export TC_CRASH_COMMIT_MS=${TC_CRASH_COMMIT_MS:-1000:ordered}
 say "kernel $KVER2: tests $TESTS2"

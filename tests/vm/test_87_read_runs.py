@@ -17,7 +17,7 @@ from tclib import MiB
 pytestmark = [pytest.mark.module, pytest.mark.usefixtures("tc_module")]
 
 B = 4096
-RUN = 64                # TC_RUN_MAX in tc_map.c
+RUN = 64                # TC_RUN_MAX in tc_run.c
 # Nothing else reads the cache device while a test counts its reads: no
 # background writeback (it reads dirty blocks), and no timed commit (a
 # commit reads the metadata blocks it rewrites; a promotion or a new dirty
