@@ -461,7 +461,7 @@ static enum tc_lock_mode tc_bio_lock_mode(struct tc_cache *c, struct bio *bio,
  * commit only after cache device errors, passthrough write hits and the
  * like, so such a write rarely has to commit first.
  */
-static bool tc_around_needs_commit(struct tc_cache *c, struct tc_bio *pb)
+bool tc_around_needs_commit(struct tc_cache *c, struct tc_bio *pb)
 {
 	return pb->fua && tc_meta_stale(c);
 }
@@ -827,6 +827,7 @@ int tc_map(struct dm_target *ti, struct bio *bio)
 	struct tc_target *t = ti->private;
 	struct tc_cache *c = t->c;
 	struct tc_bio *pb = dm_per_bio_data(bio, sizeof(struct tc_bio));
+	int r;
 
 	pb->c = c;
 	pb->locked = false;
@@ -864,8 +865,8 @@ int tc_map(struct dm_target *ti, struct bio *bio)
 	 * trimmed.
 	 */
 	if (tc_spans_blocks(c, bio)) {
-		if (tc_map_run(c, bio, pb))
-			return DM_MAPIO_REMAPPED;
+		if (tc_map_run(c, bio, pb, &r))
+			return r;
 		tc_trim_blocks(c, bio, 1);
 	}
 	pb->iter = bio->bi_iter;
@@ -1261,6 +1262,8 @@ static void tc_fua_commit(struct tc_cache *c, struct bio *bio,
 		pb->locked = false;
 		tc_unlock(&c->locks, &pb->holder);
 	}
+	if (pb->run)
+		tc_run_unlock(c, pb);
 	tc_flush_epoch(c, bio);
 }
 
@@ -1271,6 +1274,10 @@ static void tc_fua_done(struct tc_cache *c, struct bio *bio,
 	if (pb->cache_status) {
 		tc_cache_fail(c, blk_status_to_errno(pb->cache_status),
 			      "write");
+		if (pb->run) {
+			tc_wrun_failed(c, bio, pb);
+			return;
+		}
 		if (pb->cow_from != TC_SLOT_NONE) {
 			tc_drop_cow(c, pb);
 		} else if (pb->meta_new || pb->was_clean) {

@@ -10,12 +10,13 @@
  *
  *  - A read run: blocks that are all cached, each read-locked as a one-block
  *    read hit is.
- *  - A write run: whole blocks of a plain write in writeback mode under
- *    the default policy, each locked exclusively, each either a copy written
+ *  - A write run: whole blocks of a write in writeback mode under the
+ *    default policy, each locked exclusively, each either a copy written
  *    in place (dirty, or clean and recorded dirty once written) or, for a
- *    miss, a fresh slot taken next to the slot before it.  Nothing that
- *    needs more than a remap joins one: a FUA write, a copy on write, a
- *    block with a version in writeback, a full dirty-order tail.
+ *    miss, a fresh slot taken next to the slot before it.  No block that
+ *    needs more than that joins one: a copy on write, a block with a
+ *    version in writeback, a full dirty-order tail.  A FUA run completes
+ *    after a metadata commit, as a one-block FUA write does.
  *
  * Nothing here waits: locks are only tried, and a block that cannot join
  * ends the run there.  Device-mapper sends the rest of the bio on as a new
@@ -86,8 +87,15 @@ static void tc_run_start(struct tc_cache *c, struct bio *bio,
 	pb->iter = bio->bi_iter;
 	pb->locked = true;
 	pb->slot = slot;
+}
+
+/* Send the run to its slots: a DM_MAPIO_* value. */
+static int tc_run_remap(struct tc_cache *c, struct bio *bio,
+			struct tc_bio *pb)
+{
 	pb->to_cache = true;
-	tc_remap_cache(c, bio, slot);
+	tc_remap_cache(c, bio, pb->slot);
+	return DM_MAPIO_REMAPPED;
 }
 
 /* ---- read runs ---- */
@@ -178,14 +186,14 @@ bool tc_run_dirty(struct tc_cache *c, struct tc_bio *pb)
 /* ---- write runs ---- */
 
 /*
- * May @bio start a write run: whole blocks, only a remap needed, and the
- * origin never waited for (a run that the cache device fails goes there
- * at once, tc_wrun_failed()).
+ * May @bio start a write run: whole blocks, and the origin never waited
+ * for (a run that the cache device fails goes there at once,
+ * tc_wrun_failed()).
  */
 static bool tc_wrun_may(struct tc_cache *c, struct bio *bio)
 {
-	return bio_op(bio) == REQ_OP_WRITE && !(bio->bi_opf & REQ_FUA) &&
-	       !READ_ONCE(c->read_only) && tc_writes_dirty(c) &&
+	return bio_op(bio) == REQ_OP_WRITE && !READ_ONCE(c->read_only) &&
+	       tc_writes_dirty(c) &&
 	       !READ_ONCE(c->val[TC_KEY_ORDERED]) && !tc_origin_behind(c) &&
 	       !tc_epoch_must_open(&c->ix.ep) &&
 	       !(bio->bi_iter.bi_sector & (c->block_sectors - 1)) &&
@@ -290,7 +298,9 @@ static unsigned int tc_wrun_take(struct tc_cache *c, struct tc_bio *pb,
 /*
  * A write of whole blocks in writeback mode: as many of them as form a
  * run go to the cache device as one bio.  Once its first block is in,
- * the run goes, even alone (nothing of it is undone).
+ * the run goes, even alone (nothing of it is undone).  A FUA run is
+ * written, then completes after a metadata commit, as a one-block FUA
+ * write is (TC_ST_FUA in tc_map.c).
  */
 static bool tc_map_write_run(struct tc_cache *c, struct bio *bio,
 			     struct tc_bio *pb)
@@ -384,12 +394,19 @@ void tc_wrun_failed(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 	tc_submit_clone(c, bio, c->origin_bdev, bio->bi_iter.bi_sector, opf);
 }
 
-/* The run is durable on the origin: the dirty copies it replaced go. */
+/*
+ * The run is durable on the origin: the dirty copies it replaced go.  A
+ * FUA run is durable once a commit has recorded that, as for any write
+ * around the cache (tc_drop_done()).
+ */
 void tc_wrun_drop_done(struct tc_cache *c, struct bio *bio,
 		       struct tc_bio *pb)
 {
-	if (!pb->status)
+	if (!pb->status) {
 		tc_wrun_drop(c, pb, ~0ULL, true);
+		if (tc_around_needs_commit(c, pb) && tc_meta_commit(c))
+			pb->status = BLK_STS_IOERR;
+	}
 	bio->bi_status = pb->status;
 	bio_endio(bio);
 }
@@ -398,11 +415,24 @@ void tc_wrun_drop_done(struct tc_cache *c, struct bio *bio,
  * A bio that spans blocks: does a run of its first blocks go to the cache
  * device whole?  Only in the map function (dm_accept_partial_bio()).
  * Returns false, holding nothing and having changed nothing, if not: the
- * bio is then trimmed to its first block.
+ * bio is then trimmed to its first block.  If so, @r is the DM_MAPIO_*
+ * value for the map function.
  */
-bool tc_map_run(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
+bool tc_map_run(struct tc_cache *c, struct bio *bio, struct tc_bio *pb,
+		int *r)
 {
-	if (bio_data_dir(bio) == READ)
-		return tc_map_read_run(c, bio, pb);
-	return tc_map_write_run(c, bio, pb);
+	if (bio_data_dir(bio) == READ) {
+		if (!tc_map_read_run(c, bio, pb))
+			return false;
+	} else if (!tc_map_write_run(c, bio, pb)) {
+		return false;
+	}
+	if (bio_data_dir(bio) == WRITE && pb->fua) {
+		pb->stage = TC_ST_FUA;
+		tc_queue_io(c, bio);
+		*r = DM_MAPIO_SUBMITTED;
+		return true;
+	}
+	*r = tc_run_remap(c, bio, pb);
+	return true;
 }

@@ -486,6 +486,7 @@ void tc_epoch_waiters_fail(struct tc_cache *c, int err);
 bool tc_writes_dirty(struct tc_cache *c);
 bool tc_stale_clean(struct tc_cache *c, u32 slot);
 bool tc_around_waits(struct tc_cache *c, u64 epoch);
+bool tc_around_needs_commit(struct tc_cache *c, struct tc_bio *pb);
 void tc_remap_cache(struct tc_cache *c, struct bio *bio, u32 slot);
 void tc_submit_clone(struct tc_cache *c, struct bio *bio,
 		     struct block_device *bdev, sector_t sector, blk_opf_t opf);
@@ -494,7 +495,8 @@ void tc_submit_clone(struct tc_cache *c, struct bio *bio,
 
 bool tc_spans_blocks(struct tc_cache *c, struct bio *bio);
 void tc_trim_blocks(struct tc_cache *c, struct bio *bio, u64 n);
-bool tc_map_run(struct tc_cache *c, struct bio *bio, struct tc_bio *pb);
+bool tc_map_run(struct tc_cache *c, struct bio *bio, struct tc_bio *pb,
+		int *r);
 void tc_run_unlock(struct tc_cache *c, struct tc_bio *pb);
 bool tc_run_dirty(struct tc_cache *c, struct tc_bio *pb);
 void tc_run_record(struct tc_cache *c, struct tc_bio *pb);
