@@ -9,10 +9,12 @@ slot is not the next one) ends the run; a cache device that fails a run
 sends it whole to the origin and drops the copies it replaced."""
 
 import errno
+import os
 import random
 
 import pytest
 
+import faults
 import tclib
 from tclib import MiB
 
@@ -28,6 +30,11 @@ QUIET = {"high_watermark": 100, "low_watermark": 0, "commit_ms": 600000}
 
 def _writes(path):
     return tclib.block_stat(path)["writes"]
+
+
+def _dirty_on_disk(cache):
+    """The blocks the cache device's committed entries record dirty."""
+    return set(faults.committed_dirty(cache))
 
 
 def _write_counted(tc, wl, cache, off, length):
@@ -80,6 +87,47 @@ def test_run_of_blocks_is_one_cache_write_per_64_blocks(stack):
     assert st["dirty"] == 256, f"the runs' dirty slots were not on disk: {st['raw']}"
     m.verify_device(tc2.path, what="after a load of the same cache")
     tc2.flush()
+    m.verify_device(s.origin.path, what="origin after the flush")
+
+
+def test_fua_run_is_one_bio_committed_before_it_completes(stack):
+    """A 1 MiB O_DIRECT O_DSYNC write (REQ_FUA) of blocks not cached,
+    submitted with libaio: an asynchronous write is not followed by a flush
+    of the device (a synchronous O_DSYNC pwrite is: blkdev_fsync), so only
+    the FUA runs' own commits can make it durable.  It is taken as at most
+    6 bios (the module before: 256 one-block FUA writes), and once fio has
+    seen it complete, the cache device's committed entries (read raw)
+    record all 256 blocks dirty.  The data reads back byte for byte, and a
+    flush puts it on the origin."""
+    s = stack.setup(origin_mib=64, cache_mib=16, mode="writeback", keys=QUIET,
+                    seed=886)
+    tc, m, cache = s.tc, s.model, s.cache
+    first = 1024
+    pattern = b"tiercache-fua-run"
+    data = (pattern * (MiB // len(pattern) + 1))[:MiB]
+    tclib.settle(cache, quiet_s=0.3)
+    st0 = tc.status()
+    tclib.fio(["--name=fua", f"--filename={tc.path}", "--ioengine=libaio",
+               "--direct=1", "--sync=dsync", "--rw=write", "--bs=1M",
+               "--size=1M", f"--offset={first * B}", "--iodepth=1",
+               f'--buffer_pattern="{pattern.decode()}"'])
+    st = tc.status()
+    on_disk = _dirty_on_disk(cache)
+    m.data[first * B:first * B + MiB] = data
+    tclib.compare(data, tclib.read_direct(tc.path, first * B, MiB), first * B,
+                  "the FUA write read back")
+    bios = st["write_hits"] + st["write_misses"] - st0["write_hits"] - st0["write_misses"]
+    assert bios <= 256 // RUN + 2, \
+        (f"a 1 MiB FUA write of 256 blocks was taken as {bios} bios: runs of "
+         f"{RUN} blocks make it {256 // RUN}: {st['raw']}")
+    assert st["meta_commits"] > st0["meta_commits"], \
+        f"a FUA write completed without a commit: {st0['raw']} -> {st['raw']}"
+    missing = set(range(first, first + 256)) - on_disk
+    assert not missing, \
+        (f"{len(missing)} of 256 blocks of an acknowledged FUA write are not "
+         f"recorded dirty on the cache device (first: {min(missing)})")
+    m.verify_device(tc.path, what="after the FUA write")
+    tc.flush()
     m.verify_device(s.origin.path, what="origin after the flush")
 
 
