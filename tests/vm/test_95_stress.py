@@ -72,14 +72,21 @@ def run_one(capsys, seconds, seed, threads):
                 ln = lines.get(timeout=max(0.1, deadline - time.monotonic()))
             except queue.Empty:
                 p.kill()
-                pytest.fail(f"stress.py did not end within {limit:.0f}s:\n"
-                            + "".join(out[-60:]), pytrace=False)
+                pytest.fail("stress.py did not end (threads stuck in the kernel?); "
+                            "its last lines:\n" + "".join(out[-60:]), pytrace=False)
                 return None
             if ln is None:
                 break
             out.append(ln)
             print(ln, end="", flush=True)
-    rc = p.wait(timeout=60)
+            if ln.startswith(("VERDICT", "STRESS FAIL")):
+                # A hang leaves threads in D state: the driver exits but its
+                # pipe stays open.  Do not wait out `limit` for EOF.
+                deadline = min(deadline, time.monotonic() + 60)
+    try:
+        rc = p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        rc = None
     text = "".join(out)
     verdict = [ln for ln in out if ln.startswith(("VERDICT", "STRESS FAIL", "replay:"))]
     if rc == 0 and "VERDICT: PASS" in text:
