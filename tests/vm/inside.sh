@@ -81,7 +81,7 @@ fi
 { lsmod; echo; dmsetup targets; } >"$RES/modules.txt" 2>&1
 
 args=(-v -rfE -p no:cacheprovider --junitxml="$RES/junit.xml" -o junit_family=xunit2
-      -o console_output_style=classic --durations=15)
+      -o console_output_style=classic --durations=15 -o junit_logging=system-err)
 sel=()
 if [ -n "$TESTS" ]; then
 	# a path (tests/vm/x.py, x.py::test) is passed as is, anything else is -k

@@ -53,8 +53,13 @@ class CmdError(Exception):
                          f"stdout: {out.strip()}\nstderr: {err.strip()}")
 
 
+_T0 = time.monotonic()
+
+
 def log(msg):
-    print(f"[tclib] {msg}", file=sys.stderr, flush=True)
+    """A line on stderr (pytest.log), with the seconds since the run began:
+    where a slow test spends its time."""
+    print(f"[tclib {time.monotonic() - _T0:7.1f}] {msg}", file=sys.stderr, flush=True)
 
 
 def run(cmd, check=True, timeout=120, input=None, quiet=False, cwd=None):
