@@ -21,6 +21,10 @@
 # The whole list takes hours under emulation: `touch results/<stamp>/stop`
 # ends the run after the test in progress, with the kmemleak scan and the
 # report (pytest then says "Interrupted", and the run fails as incomplete).
+# Each boot with a clean report adds the tests that passed to a ledger
+# (tests/debug/ledger.py) of this module source on this kernel;
+# TC_DEBUG_RESUME=1 runs only what the ledger lacks, and every run ends
+# with "N of M tests of the list passed with a clean report".
 set -euo pipefail
 
 main() {
@@ -53,6 +57,9 @@ if ! make -C "$KDIR" M="$MB/dm-tiercache" modules >"$MB/build.log" 2>&1; then
 	exit 1
 fi
 KO=$MB/dm-tiercache/dm-tiercache.ko
+# the ledger of this module source on this kernel (tests/debug/ledger.py)
+LEDGER=$KDIR/ledger/$KREL-$("$REPO/tests/debug/ledger.py" key "$MB/dm-tiercache").txt
+say "ledger $LEDGER"
 
 export TC_KERNEL=$KDIR KVER=$KREL TC_KO=$KO TC_SKIP_DEPS=1 TC_SKIP_BUILD=1 TC_SKIP_HOST=1
 export TC_SKIP_CRASH=1
@@ -64,6 +71,14 @@ rc=0
 # test: boot again, up to TC_DEBUG_BOOTS times
 export TC_GUEST_ENV="${TC_GUEST_ENV:-} TC_BOOT_CLEAN TC_ORACLE_FSCK_EVERY TC_BADTABLE_ROUNDS"
 export TC_BOOT_CLEAN=1
+# TC_DEBUG_RESUME=1: skip the tests the ledger holds (a list longer than
+# one sitting runs in parts; the report of each part must be clean)
+if [ "${TC_DEBUG_RESUME:-0}" = 1 ]; then
+	export TC_SKIP_IDS_FILE=$MB/skip-ids.txt
+	"$REPO/tests/debug/ledger.py" skip "$LEDGER" >"$TC_SKIP_IDS_FILE"
+	TC_GUEST_ENV="$TC_GUEST_ENV TC_SKIP_IDS_FILE"
+	say "resuming: $(wc -l <"$TC_SKIP_IDS_FILE") tests of the ledger skipped"
+fi
 # test_99: e2fsck of every 8th origin state (each takes seconds on this
 # kernel); its sector rule still judges all of them
 export TC_ORACLE_FSCK_EVERY=${TC_ORACLE_FSCK_EVERY:-8}
@@ -109,6 +124,12 @@ if [ "$nbad" -gt 0 ]; then
 	rc=1
 else
 	say "no KASAN, lockdep, DEBUG_OBJECTS, might_sleep or kmemleak report"
+	if [ -f "$RES/kmemleak.txt" ] && [ -f "$RES/junit.xml" ]; then
+		say "$("$REPO/tests/debug/ledger.py" record "$LEDGER" "$RES/junit.xml" "$stamp")"
+	fi
+fi
+if [[ "$TESTS" != */* && "$TESTS" != *::* ]]; then
+	"$REPO/tests/debug/ledger.py" cover "$LEDGER" "$TESTS" | sed 's/^/[test-debug] /'
 fi
 say "total $(( ($(date +%s) - T0) / 60 )) min; run.sh and reports: rc=$rc"
 return $rc

@@ -39,6 +39,22 @@ def pytest_configure(config):
         raise pytest.UsageError("the in-VM tests must run as root inside the test VM")
 
 
+def pytest_collection_modifyitems(config, items):
+    """TC_SKIP_IDS_FILE: a file of test ids (one per line) not to run.  The
+    debug lane's ledger (tests/debug/run.sh, TC_DEBUG_RESUME=1) names the
+    tests that already passed on the same module and kernel with a clean
+    debug report, so a list that takes longer than one sitting is run in
+    parts."""
+    path = os.environ.get("TC_SKIP_IDS_FILE")
+    if not path:
+        return
+    done = {ln.strip() for ln in Path(path).read_text().splitlines() if ln.strip()}
+    keep = [it for it in items if it.nodeid not in done]
+    if len(keep) < len(items):
+        config.hook.pytest_deselected(items=[it for it in items if it.nodeid in done])
+        items[:] = keep
+
+
 @pytest.fixture(autouse=True)
 def kernel_log_guard(request):
     """Per test: clean dm slate before; kernel log scan after.
