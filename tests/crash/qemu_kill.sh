@@ -236,7 +236,7 @@ fi
 : >"$RES/dmesg-bad.txt"
 for f in dmesg-boot1.txt dmesg-boot2.txt console-boot1.log console-boot2.log; do
 	[ -f "$RES/$f" ] || { fails+=("no $f"); continue; }
-	grep -a -E '^\[ *[0-9]+\.[0-9]+\] ' "$RES/$f" |
+	grep -a -E '^\[ *[0-9]+\.[0-9]+\] ' "$RES/$f" | python3 "$REPO/tests/vm/kernlog.py" |
 		grep -a -E -f "$REPO/tests/vm/dmesg-bad.txt" |
 		grep -a -v -F -f "$REPO/tests/vm/dmesg-ok.txt" >>"$RES/dmesg-bad.txt" || true
 done

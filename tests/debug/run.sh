@@ -105,7 +105,7 @@ rep=$RES/debug-report.txt
 	echo "debug kernel $KREL ($KDIR), module from $src"
 	for f in dmesg.txt dmesg-live.txt console.log; do
 		[ -f "$RES/$f" ] || continue
-		grep -a -E '^\[ *[0-9]+\.[0-9]+\] ' "$RES/$f" |
+		grep -a -E '^\[ *[0-9]+\.[0-9]+\] ' "$RES/$f" | python3 "$REPO/tests/vm/kernlog.py" |
 			grep -a -E -f "$REPO/tests/debug/dmesg-debug.txt" |
 			grep -a -v -F -f "$REPO/tests/vm/dmesg-ok.txt" || true
 	done | sed -E 's/^\[ *[0-9.]+\] //' | sort -u | sed 's/^/dmesg: /'
