@@ -56,6 +56,11 @@ class KernLog(unittest.TestCase):
         b.insert(10, "[  398.125000] BUG: unable to handle page fault for address: 0")
         self.assertEqual(bad(b), ["[  398.125000] BUG: unable to handle page fault for address: 0"])
 
+    def test_second_call_trace_inside_the_block_kept(self):
+        b = block()
+        b.insert(-2, "[  398.133950] Call Trace:")
+        self.assertEqual(bad(b), ["[  398.133950] Call Trace:"])
+
     def test_unfinished_block_kept(self):
         b = block()[:-1]
         self.assertEqual(len(bad(b)), 2)

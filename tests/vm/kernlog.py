@@ -46,7 +46,9 @@ def _judge(block):
     warn = next((ln for ln in block if "WARNING:" in ln), "")
     if NOISE not in warn or any(OURS in ln for ln in block):
         return block
-    return [ln for ln in block if ln is not warn and "Call Trace" not in ln]
+    i = block.index(warn)
+    j = next((k for k in range(i + 1, len(block)) if "Call Trace" in block[k]), None)
+    return [ln for k, ln in enumerate(block) if k not in (i, j)]
 
 
 def main():
