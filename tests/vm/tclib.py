@@ -171,6 +171,19 @@ def stat_delta(after, before):
     return {k: after[k] - before[k] for k in after}
 
 
+def stat_delta_when(path, before, ok, timeout=5):
+    """The device's stat delta since `before` once ok(delta) holds (or at
+    the timeout).  A request-based disk (null_blk, scsi_debug) completes the
+    bio, waking the submitter, before it accounts the request, so a stat
+    read just after the I/O returns can still miss it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        d = stat_delta(block_stat(path), before)
+        if ok(d) or time.monotonic() >= deadline:
+            return d
+        time.sleep(0.05)
+
+
 def sysfs_queue(path, attr):
     return Path(f"/sys/dev/block/{devno(path)}/queue/{attr}").read_text().strip()
 

@@ -133,8 +133,8 @@ def test_nullb_discard_zeroes(stack):
     tclib.write_direct(nb, 0, b"\x5a" * MiB)
     before = tclib.block_stat(nb)
     tclib.discard(nb, 0, 256 * KiB)
-    d = tclib.stat_delta(tclib.block_stat(nb), before)
-    assert d["discards"] >= 1 and d["discard_sectors"] == 512
+    d = tclib.stat_delta_when(nb, before, lambda d: d["discard_sectors"] >= 512)
+    assert d["discards"] >= 1 and d["discard_sectors"] == 512, d
     assert tclib.read_direct(nb, 0, 256 * KiB) == b"\0" * (256 * KiB)
     assert tclib.read_direct(nb, 256 * KiB, 4096) == b"\x5a" * 4096
 

@@ -68,14 +68,16 @@ def test_cleaner_write_during_writeback_write(stack):
     the origin ends with the new data on every module (checked below); the
     reordering itself, which a real disk may do, cannot be produced here.
     The test checks the protocol.  The origin (dm-delay over a null_blk with
-    a write cache) delays writes and flushes by D = 2 s, so the writeback
-    of the old copy ends 2 D after its write was issued.  The writeback write of the old copy is issued after the
-    `cleaner on` message (t0) and seen issued in wb_requests; the new write
+    a write cache) delays writes and flushes by D (TC_RACE_D, 2 s; the
+    debug lane's slower kernel needs more), so the writeback of the old
+    copy ends 2 D after its write was issued.  The writeback write of the
+    old copy is issued after the `cleaner on` message (t0) and seen issued
+    in wb_requests; the new write
     is issued before t0 + D, so before the old copy can have landed.  It is
     sent at once if it takes about D, waits if it takes 1.3 D or more, and
     goes to the cache only if it takes much less.  The block was written
     back twice (wb_blocks +2) unless the new write waited."""
-    D = 2.0
+    D = float(os.environ.get("TC_RACE_D", "2.0"))
     # a null_blk with a write cache: the origin takes REQ_PREFLUSH (a RAM
     # disk has no write cache, so the block layer completes an empty flush
     # at once and the old copy's writeback ends D after its write, before
