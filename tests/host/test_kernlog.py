@@ -8,7 +8,9 @@ Run by `make -C tests/host check`."""
 
 import os
 import re
+import subprocess
 import sys
+import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -64,6 +66,62 @@ class KernLog(unittest.TestCase):
     def test_unfinished_block_kept(self):
         b = block()[:-1]
         self.assertEqual(len(bad(b)), 2)
+
+
+KERNLOG = os.path.join(HERE, "..", "vm", "kernlog.py")
+VM = os.path.join(HERE, "..", "vm")
+
+# the grep pipeline that tests/run.sh, qemu_kill.sh and debug/run.sh each
+# carried before `kernlog.py bad`
+OLD_PIPE = ("grep -a -E '^\\[ *[0-9]+\\.[0-9]+\\] ' \"$1\" | python3 \"$2\" | "
+            "grep -a -E -f \"$3\" | grep -a -v -F -f \"$4\" || true")
+
+
+class BadCommand(unittest.TestCase):
+    """`kernlog.py bad LOG...` finds what the grep pipeline it replaced
+    found, on a log with every kind of line the lanes see."""
+
+    def log(self):
+        return ["[    1.000000] Linux version 6.1.0",
+                "WARNING: this line of pytest's output has no stamp",
+                "tests/vm/test_x.py::test_y BUG: in a test's name PASSED",
+                "[    2.000000] dm_tiercache: loading out-of-tree module taints kernel",
+                "[    2.100000] tiercache-test: WARNING: a test's own kmsg note",
+                "[    3.000000] general protection fault, probably for non-canonical",
+                "[    3.100000] Oops: 0000 [#1] PREEMPT SMP",
+                "[    4.000000] INFO: task fio:123 blocked for more than 120 seconds.",
+                "[    5.000000] possible circular locking dependency detected",
+                "[    5.100000] kmemleak: 3 new suspected memory leaks",
+                "[ 1234.567890] list_del corruption. prev->next should be"] + \
+            block() + ["[ 9999.000000] the end"]
+
+    def run_both(self, patterns):
+        with tempfile.TemporaryDirectory() as d:
+            log = os.path.join(d, "console.log")
+            with open(log, "w") as f:
+                f.write("\n".join(self.log()) + "\n")
+            new = subprocess.run([sys.executable, KERNLOG, "bad", "--patterns", patterns,
+                                  log, os.path.join(d, "absent.txt")],
+                                 capture_output=True, text=True, check=True).stdout
+            old = subprocess.run(["bash", "-c", OLD_PIPE, "-", log, KERNLOG, patterns,
+                                  os.path.join(VM, "dmesg-ok.txt")],
+                                 capture_output=True, text=True, check=True).stdout
+        return new.splitlines(), old.splitlines()
+
+    def test_same_as_the_pipeline_it_replaced(self):
+        new, old = self.run_both(os.path.join(VM, "dmesg-bad.txt"))
+        self.assertEqual(new, old)
+        self.assertEqual(len(new), 4, new)     # gp fault, Oops, hung task, list_del
+
+    def test_same_with_the_debug_lanes_patterns(self):
+        new, old = self.run_both(os.path.join(HERE, "..", "debug", "dmesg-debug.txt"))
+        self.assertEqual(new, old)
+        self.assertEqual(len(new), 3, new)     # lockdep, kmemleak, list_del
+
+    def test_module_matches_command(self):
+        lines = self.log()
+        stamped = [ln for ln in lines if kernlog.STAMP.match(ln)]
+        self.assertEqual(len(kernlog.bad_lines(stamped)), 4)
 
 
 if __name__ == "__main__":

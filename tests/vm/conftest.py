@@ -2,7 +2,6 @@
 """pytest fixtures for the in-VM tests (run by tests/vm/inside.sh)."""
 
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -12,25 +11,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kernlog  # noqa: E402
 import tclib  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
 
 # xfstests' generic list takes an hour under emulation: `make test-xfstests`
 # (tests/xfstests/run.sh, TC_XFSTESTS=1) only
 if os.environ.get("TC_XFSTESTS") != "1":
     collect_ignore_glob = ["test_xfstests.py"]
-
-
-def _patterns(name):
-    return [ln for ln in (HERE / name).read_text().splitlines() if ln.strip()]
-
-
-BAD = re.compile("|".join(f"(?:{p})" for p in _patterns("dmesg-bad.txt")))
-OK = re.compile("|".join(re.escape(p) for p in _patterns("dmesg-ok.txt")))
-
-
-def bad_kernel_lines(lines):
-    return [ln for ln in kernlog.drop_emulator_noise(lines)
-            if BAD.search(ln) and not OK.search(ln)]
 
 
 def pytest_configure(config):
@@ -72,7 +57,7 @@ def kernel_log_guard(request):
     cur = tclib.KmsgCursor(f"START {request.node.nodeid}")
     yield
     tclib.kmsg(f"END {request.node.nodeid}")
-    bad = bad_kernel_lines(cur.lines())
+    bad = kernlog.bad_lines(cur.lines())
     if bad:
         pytest.fail("kernel log during this test:\n" + "\n".join(bad[:60]),
                     pytrace=False)

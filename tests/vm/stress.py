@@ -58,7 +58,6 @@ import itertools
 import mmap
 import os
 import random
-import re
 import struct
 import subprocess
 import sys
@@ -68,6 +67,7 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kernlog  # noqa: E402
 import tclib  # noqa: E402
 
 SECTOR = 512
@@ -995,7 +995,7 @@ class Stress:
                 errors.append(repr(e))
             if errors:
                 self.log(f"teardown problems: {errors}")
-        bad = [ln for ln in cursor.lines() if BAD.search(ln) and not OKRE.search(ln)]
+        bad = kernlog.bad_lines(cursor.lines())
         if bad:
             self.fail("kernel log", "\n".join(bad[:40]))
         if self.failures:
@@ -1013,13 +1013,6 @@ class Stress:
             self.fail(f.rule, f.detail)
         except Exception:
             self.fail("crash", traceback.format_exc())
-
-
-HERE = Path(__file__).resolve().parent
-BAD = re.compile("|".join(f"(?:{p})" for p in
-                          (HERE / "dmesg-bad.txt").read_text().splitlines() if p.strip()))
-OKRE = re.compile("|".join(re.escape(p) for p in
-                           (HERE / "dmesg-ok.txt").read_text().splitlines() if p.strip()))
 
 
 def main(argv=None):
