@@ -57,6 +57,14 @@ if ! make -C "$KDIR" M="$MB/dm-tiercache" modules >"$MB/build.log" 2>&1; then
 	exit 1
 fi
 KO=$MB/dm-tiercache/dm-tiercache.ko
+# the tool the in-VM tests run (tests/run.sh builds it only without
+# TC_SKIP_BUILD; a fresh worktree has none)
+say "building the userspace tool"
+if ! make -C "$REPO/userspace" >"$MB/userspace-build.log" 2>&1; then
+	tail -n 40 "$MB/userspace-build.log"
+	say "userspace build FAILED ($MB/userspace-build.log)"
+	exit 1
+fi
 # the ledger of this module source on this kernel (tests/debug/ledger.py)
 LEDGER=$KDIR/ledger/$KREL-$("$REPO/tests/debug/ledger.py" key "$MB/dm-tiercache").txt
 say "ledger $LEDGER"
