@@ -9,8 +9,11 @@ boot whose report is clean here; with TC_DEBUG_RESUME=1 the next run skips
 what the ledger already holds, and every run says how much of the list is
 covered.  An entry names the test and the hash of its test file: a test
 whose file changed since counts as not run.  The ledger is keyed by the
-hash of the module's sources and the kernel release, so a change to the
-module starts a new one.
+hash of the module's sources and the debug kernel's build (source package
+version and .config hash), so a change to the module starts a new one.  The
+ledgers live in the repository (tests/debug/ledger/), not beside the kernel
+build: a machine does not outlive its session, and a list that takes several
+sittings is only covered if each part's record is committed.
 
   ledger.py key SRCDIR                  hash of the module sources
   ledger.py skip LEDGER                 ids that still count (for TC_SKIP_IDS_FILE)

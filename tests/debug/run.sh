@@ -22,7 +22,8 @@
 # ends the run after the test in progress, with the kmemleak scan and the
 # report (pytest then says "Interrupted", and the run fails as incomplete).
 # Each boot with a clean report adds the tests that passed to a ledger
-# (tests/debug/ledger.py) of this module source on this kernel;
+# (tests/debug/ledger.py, in tests/debug/ledger/: commit it) of this module
+# source on this kernel build (TC_DEBUG_LEDGER_DIR overrides the folder);
 # TC_DEBUG_RESUME=1 runs only what the ledger lacks, and every run ends
 # with "N of M tests of the list passed with a clean report".
 set -euo pipefail
@@ -65,8 +66,11 @@ if ! make -C "$REPO/userspace" >"$MB/userspace-build.log" 2>&1; then
 	say "userspace build FAILED ($MB/userspace-build.log)"
 	exit 1
 fi
-# the ledger of this module source on this kernel (tests/debug/ledger.py)
-LEDGER=$KDIR/ledger/$KREL-$("$REPO/tests/debug/ledger.py" key "$MB/dm-tiercache").txt
+# the ledger of this module source on this kernel build (tests/debug/ledger.py),
+# kept in the repository: a machine and its kernel cache do not outlive a
+# session, the record of what ran must (commit it after a run)
+LDIR=${TC_DEBUG_LEDGER_DIR:-$REPO/tests/debug/ledger}
+LEDGER=$LDIR/$(basename "$KDIR")-$("$REPO/tests/debug/ledger.py" key "$MB/dm-tiercache").txt
 say "ledger $LEDGER"
 
 export TC_KERNEL=$KDIR KVER=$KREL TC_KO=$KO TC_SKIP_DEPS=1 TC_SKIP_BUILD=1 TC_SKIP_HOST=1
