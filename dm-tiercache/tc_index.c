@@ -176,17 +176,29 @@ static bool tc_clock_spares(unsigned int f)
 }
 
 /*
- * Reclaim the clean slot under the CLOCK hand, if it is not referenced and
- * its block can be locked.  Called with alloc_lock held.
+ * Is @s referenced?  The hand (@hand) takes the bit as it passes: a
+ * referenced block gets its second chance once.  A run that only looks
+ * at the slot next to its last one leaves the bit as it is.
  */
-static bool tc_clock_try(struct tc_cache *c, u32 s)
+static bool tc_clock_referenced(struct tc_slots *sl, u32 s, bool hand)
+{
+	if (hand)
+		return tc_slot_test_and_clear(sl, s, TC_SF_REF);
+	return tc_slot_test(sl, s, TC_SF_REF);
+}
+
+/*
+ * Reclaim the clean slot @s (under the CLOCK hand if @hand), if it is not
+ * referenced and its block can be locked.  Called with alloc_lock held.
+ */
+static bool tc_clock_try(struct tc_cache *c, u32 s, bool hand)
 {
 	struct tc_slots *sl = &c->ix.sl;
 	struct tc_holder h;
 
 	if (tc_clock_spares(tc_slot_flags(sl, s)))
 		return false;
-	if (tc_slot_test_and_clear(sl, s, TC_SF_REF))
+	if (tc_clock_referenced(sl, s, hand))
 		return false;
 	/* dirty on disk until a commit says otherwise */
 	if (tc_meta_disk_dirty(c, s))
@@ -221,7 +233,7 @@ static int tc_clock_reclaim(struct tc_cache *c, u32 *slot)
 		u32 hand = ix->clock_hand;
 
 		ix->clock_hand = hand + 1 < c->nr_slots ? hand + 1 : 0;
-		if (tc_clock_try(c, hand)) {
+		if (tc_clock_try(c, hand, true)) {
 			*slot = hand;
 			return 0;
 		}
@@ -280,14 +292,27 @@ int tc_alloc_slot(struct tc_cache *c, u64 block, u32 *slot)
 	return r;
 }
 
-/* Allocate @slot if it is free: nothing else is taken or reclaimed. */
+/*
+ * Allocate @slot for a run (the slot after its last one): if it is free,
+ * or, when no slot is free, if the CLOCK would reclaim it now (clean, not
+ * referenced, its block unlocked).  Nothing else is taken or reclaimed.
+ * A slot taken from under the hand moves the hand on, as if it had
+ * reclaimed it.
+ */
 bool tc_alloc_slot_at(struct tc_cache *c, u32 slot)
 {
 	struct tc_index *ix = &c->ix;
 	bool taken;
 
+	if (slot >= c->nr_slots)
+		return false;
 	spin_lock(&ix->alloc_lock);
 	taken = tc_take_free(c, slot);
+	if (!taken && !ix->nr_free && tc_clock_try(c, slot, false)) {
+		taken = true;
+		if (ix->clock_hand == slot)
+			ix->clock_hand = slot + 1 < c->nr_slots ? slot + 1 : 0;
+	}
 	spin_unlock(&ix->alloc_lock);
 	return taken;
 }
