@@ -4,8 +4,9 @@
  *
  * A bio that spans blocks is trimmed to its first block in tc_map()
  * (device-mapper sends the rest on as a new bio), so a read or write
- * touches one block, except a run of blocks in consecutive slots, which
- * goes to the cache device whole (tc_run.c).
+ * touches one block, except a run: blocks in consecutive slots, which go
+ * to the cache device whole (tc_run.c), and blocks that are not cached,
+ * which go to the origin, or into fresh slots, whole (tc_miss.c).
  * A bio takes its block's lock, then the read or write helper decides
  * where it goes and returns an action the dispatcher carries out.  Bios
  * that need more than a remap (writes to both devices, promotions)
@@ -1099,12 +1100,18 @@ void tc_submit_clone(struct tc_cache *c, struct bio *bio,
 			bdev);
 }
 
-/* The promotion buffer (one block) to or from @bdev at @sector. */
+/* The blocks of @pb: a run's, or its one block. */
+static unsigned int tc_pb_blocks(struct tc_bio *pb)
+{
+	return pb->run ? pb->run->nr + 1 : 1;
+}
+
+/* @pb's buffer (a block for each of its blocks) to or from @bdev. */
 static void tc_submit_buf(struct tc_cache *c, struct tc_bio *pb,
 			  struct block_device *bdev, sector_t sector,
 			  blk_opf_t opf)
 {
-	size_t off = 0, bytes = tc_block_bytes(c);
+	size_t off = 0, bytes = (size_t)tc_pb_blocks(pb) * tc_block_bytes(c);
 
 	atomic_set(&pb->pending, 1);
 	while (off < bytes) {
@@ -1119,18 +1126,29 @@ static void tc_submit_buf(struct tc_cache *c, struct tc_bio *pb,
 	tc_pb_put(pb);
 }
 
+/* A promotion's slots go back: nothing was indexed in them. */
+static void tc_promote_free(struct tc_cache *c, struct tc_bio *pb)
+{
+	unsigned int i;
+
+	for (i = 0; i < tc_pb_blocks(pb); i++)
+		tc_free_slot(c, pb->slot + i);
+}
+
 /*
- * A read miss fills a slot: the origin is read into a buffer of the
- * target's own, copied to the reader, and the slot is written from the
- * buffer, never from the reader's pages (which the reader may change
- * meanwhile: an O_DIRECT reader, a VM guest).
+ * A read miss fills a slot, or a promotion run consecutive ones
+ * (tc_miss.c): the origin is read into a buffer of the target's own,
+ * copied to the reader, and the slots are written from the buffer, never
+ * from the reader's pages (which the reader may change meanwhile: an
+ * O_DIRECT reader, a VM guest).
  */
 static void tc_promote_read(struct tc_cache *c, struct bio *bio,
 			    struct tc_bio *pb)
 {
-	if (tc_buf_alloc(NULL, &pb->buf, tc_block_bytes(c))) {
+	if (tc_buf_alloc(NULL, &pb->buf,
+			 (size_t)tc_pb_blocks(pb) * tc_block_bytes(c))) {
 		/* no memory: an ordinary read, and no promotion */
-		tc_free_slot(c, pb->slot);
+		tc_promote_free(c, pb);
 		bio_set_dev(bio, c->origin_bdev);
 		dm_submit_bio_remap(bio, NULL);
 		return;
@@ -1223,21 +1241,29 @@ static void tc_both_done(struct tc_cache *c, struct bio *bio,
 	bio_endio(bio);
 }
 
+/*
+ * The slots are written (or the origin read failed): index each block
+ * clean.  The reader has its data unless the origin failed it.
+ */
 static void tc_promote_done(struct tc_cache *c, struct bio *bio,
 			    struct tc_bio *pb)
 {
-	u64 block = bio->bi_iter.bi_sector >> c->block_shift;
+	unsigned int i;
 
 	tc_buf_free(NULL, &pb->buf);
 	if (pb->cache_status)
 		tc_cache_fail(c, blk_status_to_errno(pb->cache_status),
 			      "promotion write");
-	/* a promotion may fail: no waiting for memory on the reclaim path */
-	if (pb->status || pb->cache_status ||
-	    tc_insert(c, pb->slot, block, false))
-		tc_free_slot(c, pb->slot);
-	else
-		tc_meta_set(c, pb->slot, false);
+	for (i = 0; i < tc_pb_blocks(pb); i++) {
+		u32 slot = pb->slot + i;
+
+		/* a promotion may fail: no waiting for memory on reclaim */
+		if (pb->status || pb->cache_status ||
+		    tc_insert(c, slot, pb->block + i, false))
+			tc_free_slot(c, slot);
+		else
+			tc_meta_set(c, slot, false);
+	}
 	bio->bi_status = pb->status;
 	bio_endio(bio);
 }

@@ -6,7 +6,8 @@
  * tc_map() trims a bio that spans blocks to its first block, unless its
  * first blocks form a run: blocks that sit in consecutive slots, and so
  * in consecutive sectors of the cache device.  Splitting those into
- * block-sized bios would only cost per-bio work on both layers.
+ * block-sized bios would only cost per-bio work on both layers.  (Runs of
+ * blocks that are not cached are tc_miss.c's.)
  *
  *  - A read run: blocks that are all cached, each read-locked as a one-block
  *    read hit is.
@@ -49,7 +50,7 @@ void tc_trim_blocks(struct tc_cache *c, struct bio *bio, u64 n)
 		dm_accept_partial_bio(bio, end - bio->bi_iter.bi_sector);
 }
 
-static struct tc_run *tc_run_alloc(unsigned int n)
+struct tc_run *tc_run_alloc(unsigned int n)
 {
 	struct tc_run *run;
 
@@ -71,17 +72,21 @@ void tc_run_unlock(struct tc_cache *c, struct tc_bio *pb)
 	pb->run = NULL;
 }
 
-/* How many blocks may a run from @first in @slot take, @n wanted? */
-static unsigned int tc_run_limit(struct tc_cache *c, u64 first, u32 slot,
-				 u64 n)
+/*
+ * How many blocks may a run from @first take, @n wanted?  From @slot on
+ * (TC_SLOT_NONE: a run that fills no slot), no more than the slots left.
+ */
+unsigned int tc_run_limit(struct tc_cache *c, u64 first, u32 slot, u64 n)
 {
 	n = min3(n, c->nr_blocks - first, (u64)TC_RUN_MAX);
+	if (slot == TC_SLOT_NONE)
+		return n;
 	return min_t(u64, n, c->nr_slots - slot);
 }
 
 /* The run's blocks are in: lock state, and the rest of the bio goes on. */
-static void tc_run_start(struct tc_cache *c, struct bio *bio,
-			 struct tc_bio *pb, u32 slot, unsigned int n)
+void tc_run_start(struct tc_cache *c, struct bio *bio, struct tc_bio *pb,
+		  u32 slot, unsigned int n)
 {
 	tc_trim_blocks(c, bio, n);
 	pb->iter = bio->bi_iter;
@@ -413,7 +418,9 @@ void tc_wrun_drop_done(struct tc_cache *c, struct bio *bio,
 
 /*
  * A bio that spans blocks: does a run of its first blocks go to the cache
- * device whole?  Only in the map function (dm_accept_partial_bio()).
+ * device whole, or, for blocks that are not cached, to the origin or into
+ * fresh slots whole (tc_miss.c)?  Only in the map function
+ * (dm_accept_partial_bio()).
  * Returns false, holding nothing and having changed nothing, if not: the
  * bio is then trimmed to its first block.  If so, @r is the DM_MAPIO_*
  * value for the map function.
@@ -423,9 +430,9 @@ bool tc_map_run(struct tc_cache *c, struct bio *bio, struct tc_bio *pb,
 {
 	if (bio_data_dir(bio) == READ) {
 		if (!tc_map_read_run(c, bio, pb))
-			return false;
+			return tc_map_miss(c, bio, pb, r);
 	} else if (!tc_map_write_run(c, bio, pb)) {
-		return false;
+		return tc_map_miss(c, bio, pb, r);
 	}
 	if (bio_data_dir(bio) == WRITE && pb->fua) {
 		pb->stage = TC_ST_FUA;

@@ -373,7 +373,7 @@ enum tc_stage {
 	TC_ST_RUN_DROP_DONE,	/* origin write ended: drop the copies */
 };
 
-/* the locks of a run's blocks after its first (tc_run.c) */
+/* the locks of a run's blocks after its first (tc_run.c, tc_miss.c) */
 struct tc_run {
 	unsigned int nr;		/* blocks after the first */
 	u64 record;			/* bit i: a write run's block i (0: the
@@ -385,7 +385,9 @@ struct tc_run {
 struct tc_bio {
 	struct tc_cache *c;
 	struct tc_holder holder;
-	struct tc_run *run;		/* a bio of several blocks (tc_run.c) */
+	struct tc_run *run;		/* a bio of several blocks (tc_run.c,
+					 * tc_miss.c)
+					 */
 	bool locked;
 	bool to_cache;			/* remapped to its slot */
 	bool was_clean;			/* a write hit on a clean copy */
@@ -394,7 +396,7 @@ struct tc_bio {
 					 * without a write cache drops it)
 					 */
 	enum tc_stage stage;
-	u32 slot;			/* for promotion */
+	u32 slot;			/* its (first) slot */
 	u32 cow_from;			/* copy on write: the older version */
 	u64 block;
 	bool meta_new;			/* record the new dirty slot at end_io */
@@ -497,12 +499,21 @@ bool tc_spans_blocks(struct tc_cache *c, struct bio *bio);
 void tc_trim_blocks(struct tc_cache *c, struct bio *bio, u64 n);
 bool tc_map_run(struct tc_cache *c, struct bio *bio, struct tc_bio *pb,
 		int *r);
+struct tc_run *tc_run_alloc(unsigned int n);
+unsigned int tc_run_limit(struct tc_cache *c, u64 first, u32 slot, u64 n);
+void tc_run_start(struct tc_cache *c, struct bio *bio, struct tc_bio *pb,
+		  u32 slot, unsigned int n);
 void tc_run_unlock(struct tc_cache *c, struct tc_bio *pb);
 bool tc_run_dirty(struct tc_cache *c, struct tc_bio *pb);
 void tc_run_record(struct tc_cache *c, struct tc_bio *pb);
 void tc_wrun_failed(struct tc_cache *c, struct bio *bio, struct tc_bio *pb);
 void tc_wrun_drop_done(struct tc_cache *c, struct bio *bio,
 		       struct tc_bio *pb);
+
+/* ---- tc_miss.c: runs of blocks that are not cached ---- */
+
+bool tc_map_miss(struct tc_cache *c, struct bio *bio, struct tc_bio *pb,
+		 int *r);
 
 /* ---- tc_oflush.c: origin flushes ---- */
 
