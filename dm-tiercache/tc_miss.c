@@ -9,7 +9,7 @@
  * the bio's size and not one request per block:
  *
  *  - A promotion run: a read of whole blocks, none of them cached, that
- *    may fill slots fills consecutive ones.  The origin is read once into
+ *    may fill slots fills consecutive ones (1 MiB at most).  The origin is read once into
  *    a buffer of the target's own, the reader is served from it, and the
  *    slots are written with one bio and indexed clean (TC_ST_PROMOTE in
  *    tc_map.c).  Each block is locked exclusively, as a one-block
@@ -18,8 +18,8 @@
  *    (tc_alloc_slot_at()).
  *  - A run around the cache: blocks that are not cached and will not be
  *    go to the origin as one bio.  A read that fills no slot (passthrough,
- *    a read-only table, a failed cache, no slot for its first block), each
- *    block read-locked; a write that makes no block dirty (writethrough,
+ *    a read-only table, a failed cache, no slot for its first block: none
+ *    free and none the CLOCK can reclaim), each block read-locked; a write that makes no block dirty (writethrough,
  *    passthrough, the cleaner, a table being loaded), each block locked
  *    exclusively, and only while no older epoch is due at the origin.
  *
@@ -28,6 +28,9 @@
  * the one-block path would do the same with it.
  */
 #include "tiercache.h"
+
+/* most bytes a promotion run reads into its buffer at once */
+#define TC_PROMOTE_MAX_BYTES	(1U << 20)
 
 /* May a read miss fill a slot (as tc_read() decides for one block)? */
 static bool tc_may_promote(struct tc_cache *c)
@@ -119,11 +122,16 @@ static bool tc_map_read_miss(struct tc_cache *c, struct bio *bio,
 			     struct tc_bio *pb, int *r)
 {
 	u64 first = bio->bi_iter.bi_sector >> c->block_shift;
-	bool promote = tc_may_promote(c) &&
-		       !(bio->bi_iter.bi_sector & (c->block_sectors - 1));
+	bool promote = tc_may_promote(c);
 	enum tc_lock_mode mode = promote ? TC_LK_EXCL : TC_LK_READ;
 	u64 n;
 
+	/*
+	 * A part of a block is not promoted: it goes alone (the one-block
+	 * path), and the rest of the bio comes back from a block boundary.
+	 */
+	if (promote && (bio->bi_iter.bi_sector & (c->block_sectors - 1)))
+		return false;
 	if (first >= c->nr_blocks ||
 	    !tc_miss_trylock(c, &pb->holder, first, mode))
 		return false;
@@ -135,6 +143,8 @@ static bool tc_map_read_miss(struct tc_cache *c, struct bio *bio,
 		promote = false;
 	}
 	n = tc_bio_blocks(c, bio, promote);
+	if (promote)
+		n = min_t(u64, n, max(TC_PROMOTE_MAX_BYTES / tc_block_bytes(c), 1U));
 	tc_count(c, TC_S_READ_MISS);	/* one bio, one count */
 	tc_miss_run(c, bio, pb, tc_run_limit(c, first, pb->slot, n),
 		    promote ? TC_LK_EXCL : TC_LK_READ, promote);
