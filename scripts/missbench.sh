@@ -10,7 +10,8 @@
 #   scripts/missbench.sh --inside   the benchmark itself (root, inside the VM)
 #
 # Each system gets a stack of its own (scripts/stack.sh): a dm-delay slow
-# disk over RAM (DELAY_MS per request, default 2) under a RAM cache.  Two
+# disk over RAM (DELAY_MS per request, default 2) under a RAM cache (a
+# memory-backed null_blk, formatted anew for each system).  Two
 # jobs, one after the other on a fresh stack: a sequential read of
 # SIZE_MIB (64) in 1 MiB O_DIRECT reads that nothing has cached, and a
 # sequential write of the next SIZE_MIB the same way.  For each, the slow
@@ -41,7 +42,12 @@ if [ "${1:-}" != "--inside" ]; then
 	if [[ ,$SYSTEMS, == *,opencas,* ]]; then
 		kver=${KVER:-$(ls /lib/modules | grep -E '^6\.1\.' | sort -V | tail -n 1)}
 		if out=$("$REPO/scripts/opencas.sh" build "$kver" 2>/tmp/missbench-opencas.txt); then
-			env+=" OPENCAS_DIR=$(sed -n 's/^OPENCAS_DIR=//p' <<<"$out")"
+			# the guest sees no /var/cache (virtme-ng's tmpfs): copy
+			oc=$REPO/results/missbench-opencas
+			mkdir -p "$oc"
+			dir=$(sed -n 's/^OPENCAS_DIR=//p' <<<"$out")
+			cp "$dir/cas_cache.ko" "$dir/casadm" "$dir/ok" "$oc/"
+			env+=" OPENCAS_DIR=$oc"
 		else
 			echo "Open CAS left out: $(tail -n 1 /tmp/missbench-opencas.txt)"
 			SYSTEMS=$(tr ',' '\n' <<<"$SYSTEMS" | grep -vx opencas | paste -sd, -)
@@ -53,9 +59,27 @@ fi
 
 export DM_DISABLE_UDEV=1
 STACK=$REPO/scripts/stack.sh
-trap '"$STACK" remove --all >/dev/null 2>&1 || true' EXIT
+# the cache device: a memory-backed null_blk, which counts its requests
+# (a brd RAM disk does not)
+NB=/sys/kernel/config/nullb/mbcache
+cleanup() {
+	"$STACK" remove --all >/dev/null 2>&1 || true
+	if [ -d "$NB" ]; then
+		echo 0 >"$NB/power" || true
+		rmdir "$NB" || true
+	fi
+}
+trap cleanup EXIT
 modprobe dm-delay
 modprobe dm-writecache
+modprobe null_blk nr_devices=0
+mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config
+mkdir "$NB"
+echo $((SIZE_MIB * 4)) >"$NB/size"
+echo 1 >"$NB/memory_backed"
+echo 1 >"$NB/power"
+sleep 0.5
+CACHE_NB=/dev/mbcache
 
 # stat FIELD of the device node DEV (sectors for the *_sectors fields)
 stat_of() {
@@ -101,7 +125,7 @@ system() {
 	esac
 	info=$("$STACK" create mb "${opts[@]}" --slow delay --slow-size $((SIZE_MIB * 2 + 16))M \
 		--read-delay-ms "$DELAY_MS" --write-delay-ms "$DELAY_MS" \
-		--cache ram --cache-size $((SIZE_MIB * 4))M) || {
+		--cache-dev "$CACHE_NB") || {
 		echo "$SYS: stack.sh create failed"
 		return 0
 	}
