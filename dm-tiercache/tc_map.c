@@ -1133,6 +1133,7 @@ static void tc_promote_free(struct tc_cache *c, struct tc_bio *pb)
 
 	for (i = 0; i < tc_pb_blocks(pb); i++)
 		tc_free_slot(c, pb->slot + i);
+	tc_wake_wb_waiters(c);
 }
 
 /*
@@ -1264,6 +1265,13 @@ static void tc_promote_done(struct tc_cache *c, struct bio *bio,
 		else
 			tc_meta_set(c, slot, false);
 	}
+	/*
+	 * The slots are free or clean now, and so can be had: a write parked
+	 * for a slot (TC_WAIT_SLOT) may have found none because this
+	 * promotion held them, and writeback, which wakes such writes, may
+	 * have nothing left to do.
+	 */
+	tc_wake_wb_waiters(c);
 	bio->bi_status = pb->status;
 	bio_endio(bio);
 }

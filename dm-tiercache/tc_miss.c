@@ -9,7 +9,8 @@
  * the bio's size and not one request per block:
  *
  *  - A promotion run: a read of whole blocks, none of them cached, that
- *    may fill slots fills consecutive ones (1 MiB at most).  The origin is read once into
+ *    may fill slots fills consecutive ones (1 MiB and a sixteenth of the
+ *    slots at most).  The origin is read once into
  *    a buffer of the target's own, the reader is served from it, and the
  *    slots are written with one bio and indexed clean (TC_ST_PROMOTE in
  *    tc_map.c).  Each block is locked exclusively, as a one-block
@@ -31,6 +32,16 @@
 
 /* most bytes a promotion run reads into its buffer at once */
 #define TC_PROMOTE_MAX_BYTES	(1U << 20)
+
+/*
+ * Most blocks a promotion run takes: 1 MiB, and a sixteenth of the slots
+ * (its slots can be had by nobody else until it completes).
+ */
+static u64 tc_promote_max(struct tc_cache *c)
+{
+	return max(min(TC_PROMOTE_MAX_BYTES / tc_block_bytes(c),
+		       c->nr_slots / 16), 1U);
+}
 
 /* May a read miss fill a slot (as tc_read() decides for one block)? */
 static bool tc_may_promote(struct tc_cache *c)
@@ -144,7 +155,7 @@ static bool tc_map_read_miss(struct tc_cache *c, struct bio *bio,
 	}
 	n = tc_bio_blocks(c, bio, promote);
 	if (promote)
-		n = min_t(u64, n, max(TC_PROMOTE_MAX_BYTES / tc_block_bytes(c), 1U));
+		n = min_t(u64, n, tc_promote_max(c));
 	tc_count(c, TC_S_READ_MISS);	/* one bio, one count */
 	tc_miss_run(c, bio, pb, tc_run_limit(c, first, pb->slot, n),
 		    promote ? TC_LK_EXCL : TC_LK_READ, promote);
