@@ -35,15 +35,11 @@ if [ "${1:-}" != "--inside" ]; then
 fi
 
 export DM_DISABLE_UDEV=1
-NB=/sys/kernel/config/nullb/hpo
 cleanup() {
 	dmsetup remove hp-tc 2>/dev/null || true
 	dmsetup remove hp-wc 2>/dev/null || true
 	dmsetup remove hp-lin 2>/dev/null || true
-	if [ -d "$NB" ]; then
-		echo 0 >"$NB/power" || true
-		rmdir "$NB" || true
-	fi
+	tc_nullb_rm hpo
 	rmmod brd 2>/dev/null || true
 }
 trap cleanup EXIT
@@ -55,12 +51,7 @@ modprobe dm-writecache
 modprobe libcrc32c 2>/dev/null || true
 grep -q dm_tiercache /proc/modules ||
 	insmod "${TIERCACHE_KO:-$REPO/dm-tiercache/dm-tiercache.ko}"
-mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config
-mkdir "$NB"
-echo $((REGION_MIB * 4)) >"$NB/size"
-echo 1 >"$NB/memory_backed"
-echo 1 >"$NB/power"
-sleep 0.5
+tc_nullb_mem hpo $((REGION_MIB * 4))
 origin=/dev/hpo
 len=$(blockdev --getsz $origin)
 # no writeback while measuring: the cache holds everything written

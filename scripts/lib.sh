@@ -168,6 +168,27 @@ tc_wait_block() {
 	return 1
 }
 
+# tc_nullb_mem NAME MIB: a memory-backed null_blk /dev/NAME of MIB MiB
+# (configfs; null_blk loaded with nr_devices=0).  Remove it with
+# tc_nullb_rm NAME.
+tc_nullb_mem() {
+	local nb=/sys/kernel/config/nullb/$1
+	mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config
+	mkdir "$nb"
+	echo "$2" >"$nb/size"
+	echo 1 >"$nb/memory_backed"
+	echo 1 >"$nb/power"
+	sleep 0.5
+}
+
+tc_nullb_rm() {
+	local nb=/sys/kernel/config/nullb/$1
+	if [ -d "$nb" ]; then
+		echo 0 >"$nb/power" || true
+		rmdir "$nb" || true
+	fi
+}
+
 # tc_zero_head DEV MIB: overwrite the first MIB MiB (stale superblocks).
 tc_zero_head() {
 	dd if=/dev/zero of="$1" bs=1M count="$2" oflag=direct conv=notrunc status=none

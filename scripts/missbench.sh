@@ -61,24 +61,15 @@ export DM_DISABLE_UDEV=1
 STACK=$REPO/scripts/stack.sh
 # the cache device: a memory-backed null_blk, which counts its requests
 # (a brd RAM disk does not)
-NB=/sys/kernel/config/nullb/mbcache
 cleanup() {
 	"$STACK" remove --all >/dev/null 2>&1 || true
-	if [ -d "$NB" ]; then
-		echo 0 >"$NB/power" || true
-		rmdir "$NB" || true
-	fi
+	tc_nullb_rm mbcache
 }
 trap cleanup EXIT
 modprobe dm-delay
 modprobe dm-writecache
 modprobe null_blk nr_devices=0
-mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config
-mkdir "$NB"
-echo $((SIZE_MIB * 4)) >"$NB/size"
-echo 1 >"$NB/memory_backed"
-echo 1 >"$NB/power"
-sleep 0.5
+tc_nullb_mem mbcache $((SIZE_MIB * 4))
 CACHE_NB=/dev/mbcache
 
 # stat FIELD of the device node DEV (sectors for the *_sectors fields)
