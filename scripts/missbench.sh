@@ -103,7 +103,7 @@ job() {
 
 # system SYS: build its stack, run both jobs, tear it down
 system() {
-	local opts info top slow cache try
+	local opts info top slow cache
 	case $SYS in
 	bare) opts=(--system none) ;;
 	tc-wb) opts=(--system tiercache --mode writeback) ;;
@@ -114,21 +114,15 @@ system() {
 	opencas) opts=(--system opencas --mode writeback) ;;
 	*) tc_die "unknown system $SYS" ;;
 	esac
-	# the previous system may hold the cache device a moment longer
-	# (udev's probe after its removal): a few tries
-	for try in 1 2 3; do
-		info=$("$STACK" create mb "${opts[@]}" --slow delay \
-			--slow-size $((SIZE_MIB * 2 + 16))M --read-delay-ms "$DELAY_MS" \
-			--write-delay-ms "$DELAY_MS" --cache-dev "$CACHE_NB" 2>/tmp/missbench-create.txt) &&
-			break
-		info=
-		udevadm settle --timeout=30 2>/dev/null || true
-		sleep "$try"
-	done
-	if [ -z "$info" ]; then
+	# the previous system left its data there (tiercache writeback: dirty
+	# blocks, which a tiercache 'format' refuses to destroy, EBUSY)
+	tc_zero_head "$CACHE_NB" 1
+	info=$("$STACK" create mb "${opts[@]}" --slow delay \
+		--slow-size $((SIZE_MIB * 2 + 16))M --read-delay-ms "$DELAY_MS" \
+		--write-delay-ms "$DELAY_MS" --cache-dev "$CACHE_NB" 2>/tmp/missbench-create.txt) || {
 		echo "$SYS: stack.sh create failed: $(tail -n 3 /tmp/missbench-create.txt | tr '\n' ' ')"
 		return 0
-	fi
+	}
 	top=$(sed -n 's/^TOP_DEV=//p' <<<"$info")
 	slow=$(sed -n 's/^SLOW_DEV=//p' <<<"$info")
 	cache=$(sed -n 's/^CACHE_DEV=//p' <<<"$info")
