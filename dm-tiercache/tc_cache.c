@@ -106,6 +106,7 @@ static int tc_cache_setup(struct tc_cache *c)
 	tc_oflush_init(c);
 	tc_meta_init(c);
 	atomic_set(&c->no_dirty, 0);
+	atomic_set(&c->slot_wakes, 0);
 	c->wq = alloc_workqueue("tiercache-%s", WQ_MEM_RECLAIM | WQ_UNBOUND, 0,
 				c->name);
 	/* discards sleep on block locks: a queue (and rescuer) of their own */

@@ -286,6 +286,18 @@ static enum tc_action tc_write_failed(struct tc_cache *c, struct bio *bio,
 }
 
 /*
+ * Note how many times slots were let go before @pb looks for one: parked
+ * for a slot, it goes round again if any were let go since
+ * (tc_still_waits()).  The count read, then the slots: pairs with
+ * tc_wake_wb_waiters(), which lets go of slots before it counts.
+ */
+static void tc_slot_wakes_mark(struct tc_cache *c, struct tc_bio *pb)
+{
+	pb->slot_wakes = atomic_read(&c->slot_wakes);
+	smp_mb();	/* the count read, then the slots: see above */
+}
+
+/*
  * A write to a block whose newest version, @old, is dirty in an older
  * epoch: that version stays as it is for its epoch's writeback, and the
  * write goes to a new slot, the block's newest version from now on.  A
@@ -297,6 +309,7 @@ static enum tc_action tc_write_cow(struct tc_cache *c, struct bio *bio,
 {
 	u32 slot;
 
+	tc_slot_wakes_mark(c, pb);
 	if (tc_alloc_slot(c, block, &slot))
 		return TC_WAIT_SLOT;
 	if (tc_insert(c, slot, block, true)) {
@@ -509,8 +522,12 @@ static void tc_wake_ep_waiters(struct tc_cache *c)
 	tc_requeue_parked(c, &c->ep_wait);
 }
 
-/* Does a write parked for @why (a TC_WAIT_* of tc_wait_epoch()) still wait? */
-static bool tc_still_waits(struct tc_cache *c, enum tc_action why, u64 epoch)
+/*
+ * Does a write parked for @why (a TC_WAIT_* of tc_wait_epoch()) still wait?
+ * @epoch and @wakes are its pb->epoch and pb->slot_wakes.
+ */
+static bool tc_still_waits(struct tc_cache *c, enum tc_action why, u64 epoch,
+			   int wakes)
 {
 	switch (why) {
 	case TC_WAIT_EPOCH:
@@ -523,6 +540,9 @@ static bool tc_still_waits(struct tc_cache *c, enum tc_action why, u64 epoch)
 	case TC_WAIT_ORDER:
 		return tc_index_tail_full(c);
 	default:
+		/* slots let go since it looked: it tries again */
+		if (atomic_read(&c->slot_wakes) != wakes)
+			return false;
 		/* a free slot: writeback lets go of one, or no copy is needed */
 		return tc_origin_behind(c);
 	}
@@ -558,6 +578,7 @@ static void tc_wait_epoch(struct tc_cache *c, struct bio *bio,
 {
 	struct bio_list *list = tc_wait_list(c, why);
 	u64 epoch = pb->epoch;	/* once parked, the bio may be gone */
+	int wakes = pb->slot_wakes;
 	unsigned long flags;
 
 	pb->locked = false;
@@ -581,7 +602,7 @@ static void tc_wait_epoch(struct tc_cache *c, struct bio *bio,
 	 * change it before they read the lists.
 	 */
 	smp_mb();
-	if (!tc_still_waits(c, why, epoch))
+	if (!tc_still_waits(c, why, epoch, wakes))
 		tc_requeue_parked(c, list);
 	tc_flush_kick(c);
 }
@@ -592,8 +613,14 @@ static void tc_wait_epoch(struct tc_cache *c, struct bio *bio,
  */
 void tc_wake_wb_waiters(struct tc_cache *c)
 {
-	/* the slots let go, then the list read: pairs with tc_wait_wb() */
-	smp_mb();
+	/* the slots let go, then counted (not all under alloc_lock) */
+	smp_mb__before_atomic();
+	atomic_inc(&c->slot_wakes);
+	/*
+	 * Counted, then the list read: pairs with tc_wait_wb() and
+	 * tc_wait_epoch()
+	 */
+	smp_mb__after_atomic();
 	tc_requeue_parked(c, &c->wb_wait);
 }
 
@@ -1333,6 +1360,7 @@ static void tc_cow_read(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 	if (tc_buf_alloc(NULL, &pb->buf, tc_block_bytes(c))) {
 		/* no memory now: the copy goes, the write starts over later */
 		tc_drop_cow(c, pb);
+		tc_slot_wakes_mark(c, pb);
 		tc_wait_epoch(c, bio, pb, TC_WAIT_SLOT);
 		return;
 	}

@@ -294,6 +294,10 @@ struct tc_cache {
 					 * writeback request, or for a free
 					 * slot (defer_lock)
 					 */
+	atomic_t slot_wakes;		/* tc_wake_wb_waiters() calls: a write
+					 * that found no slot parks only if
+					 * none came since it looked
+					 */
 	struct bio_list ep_wait;	/* writes waiting for an epoch */
 	struct bio_list order_wait;	/* writes waiting for a merge of the
 					 * dirty order's full tail
@@ -411,6 +415,9 @@ struct tc_bio {
 	bool again;			/* dispatched again: counted once */
 	u8 order_waits;			/* merges of a full tail waited for */
 	u64 epoch;			/* a write: the epoch open at its map */
+	int slot_wakes;			/* c->slot_wakes before it looked for a
+					 * slot (TC_WAIT_SLOT)
+					 */
 	struct tc_oflush_req oflush;	/* bio 1 of a flush: waits in tc_oflush.c */
 };
 
