@@ -822,10 +822,12 @@ class Stress:
                                                           quiet=True, check=False).stdout.split()))
             except Exception as e:
                 self.log(f"{name}: {e}")
-        try:
-            Path("/proc/sysrq-trigger").write_text("w\n")
-        except OSError:
-            pass
+        # blocked tasks, then every CPU's stack (a worker that spins is not blocked)
+        for key in ("w", "l"):
+            try:
+                Path("/proc/sysrq-trigger").write_text(key + "\n")
+            except OSError:
+                pass
         self.report_fail("hang", what)
         sys.stdout.flush()
         os._exit(2)                     # threads stuck in the kernel cannot be joined
