@@ -105,7 +105,7 @@ static void tc_miss_run(struct tc_cache *c, struct bio *bio,
 	} else {
 		n = tc_miss_take(c, pb, n, mode, promote);
 		if (!pb->run->nr) {
-			kfree(pb->run);
+			tc_run_free(pb->run);
 			pb->run = NULL;
 		}
 	}

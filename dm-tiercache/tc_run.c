@@ -30,9 +30,6 @@
  */
 #include "tiercache.h"
 
-/* most blocks a run sends to the cache device at once (bits of ->record) */
-#define TC_RUN_MAX	64
-
 bool tc_spans_blocks(struct tc_cache *c, struct bio *bio)
 {
 	return bio_sectors(bio) &&
@@ -50,16 +47,46 @@ void tc_trim_blocks(struct tc_cache *c, struct bio *bio, u64 n)
 		dm_accept_partial_bio(bio, end - bio->bi_iter.bi_sector);
 }
 
+/*
+ * Runs come from a cache of their own: the lock holders of TC_RUN_MAX
+ * blocks are just over 8 KiB, past the largest kmalloc cache, and a run
+ * is allocated in the map function of every bio that spans blocks.
+ */
+static struct kmem_cache *tc_run_cache;
+
+int __init tc_run_cache_init(void)
+{
+	tc_run_cache = kmem_cache_create("dm_tiercache_run",
+					 sizeof(struct tc_run) +
+					 (TC_RUN_MAX - 1) * sizeof(struct tc_holder),
+					 0, 0, NULL);
+	return tc_run_cache ? 0 : -ENOMEM;
+}
+
+void tc_run_cache_exit(void)
+{
+	kmem_cache_destroy(tc_run_cache);
+}
+
+/* A run of @n blocks at most (2..TC_RUN_MAX), or NULL: no memory now. */
 struct tc_run *tc_run_alloc(unsigned int n)
 {
 	struct tc_run *run;
 
-	run = kmalloc(struct_size(run, h, n - 1), GFP_NOWAIT | __GFP_NOWARN);
+	if (WARN_ON_ONCE(n > TC_RUN_MAX))
+		return NULL;
+	run = kmem_cache_alloc(tc_run_cache, GFP_NOWAIT | __GFP_NOWARN);
 	if (run) {
 		run->nr = 0;
-		run->record = 0;
+		bitmap_zero(run->record, TC_RUN_MAX);
 	}
 	return run;
+}
+
+void tc_run_free(struct tc_run *run)
+{
+	if (run)
+		kmem_cache_free(tc_run_cache, run);
 }
 
 void tc_run_unlock(struct tc_cache *c, struct tc_bio *pb)
@@ -68,7 +95,7 @@ void tc_run_unlock(struct tc_cache *c, struct tc_bio *pb)
 
 	for (i = 0; i < pb->run->nr; i++)
 		tc_unlock(&c->locks, &pb->run->h[i]);
-	kfree(pb->run);
+	tc_run_free(pb->run);
 	pb->run = NULL;
 }
 
@@ -138,7 +165,7 @@ static unsigned int tc_rrun_lock(struct tc_cache *c, struct tc_bio *pb,
 			break;
 	run->nr = i - 1;
 	if (!run->nr) {
-		kfree(run);
+		tc_run_free(run);
 		return 1;
 	}
 	pb->run = run;
@@ -270,7 +297,7 @@ static bool tc_wrun_block(struct tc_cache *c, struct tc_bio *pb,
 	if (!i)
 		pb->slot = s;
 	if (record)
-		pb->run->record |= BIT_ULL(i);
+		__set_bit(i, pb->run->record);
 	return true;
 }
 
@@ -321,7 +348,7 @@ static bool tc_map_write_run(struct tc_cache *c, struct bio *bio,
 	pb->run = tc_run_alloc(n);
 	pb->block = first;
 	if (!pb->run || !tc_wrun_block(c, pb, 0, TC_SLOT_NONE, &all_hit)) {
-		kfree(pb->run);
+		tc_run_free(pb->run);
 		pb->run = NULL;
 		tc_unlock(&c->locks, &pb->holder);
 		return false;
@@ -338,31 +365,27 @@ static bool tc_map_write_run(struct tc_cache *c, struct bio *bio,
 /* Record the run's fresh and once-clean slots dirty: their data is in. */
 void tc_run_record(struct tc_cache *c, struct tc_bio *pb)
 {
-	u64 rec = pb->run->record;
+	unsigned int i;
 
-	pb->run->record = 0;
-	while (rec) {
-		unsigned int i = __ffs64(rec);
-
-		rec &= rec - 1;
+	for_each_set_bit(i, pb->run->record, pb->run->nr + 1)
 		tc_meta_set(c, pb->slot + i, true);
-	}
+	bitmap_zero(pb->run->record, TC_RUN_MAX);
 }
 
 /*
- * Drop blocks of the run from the cache: @rec, the slots that were fresh
- * or clean (the origin holds their older data), or once the run's data
- * is durable on the origin, every version of every block (@chain).
+ * Drop blocks of the run from the cache: the slots that were fresh or
+ * clean (->record: the origin holds their older data), or once the run's
+ * data is durable on the origin, every version of every block (@chain).
  */
-static void tc_wrun_drop(struct tc_cache *c, struct tc_bio *pb, u64 rec,
-			 bool chain)
+static void tc_wrun_drop(struct tc_cache *c, struct tc_bio *pb, bool chain)
 {
 	unsigned int i;
 
 	for (i = 0; i <= pb->run->nr; i++) {
 		u64 block = pb->block + i;
 
-		if (!(rec & BIT_ULL(i)) || tc_lookup(c, block) != pb->slot + i)
+		if ((!chain && !test_bit(i, pb->run->record)) ||
+		    tc_lookup(c, block) != pb->slot + i)
 			continue;
 		if (chain)
 			tc_remove_chain(c, block);
@@ -384,8 +407,8 @@ void tc_wrun_failed(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 	DMERR_LIMIT("%s: cache device error on a write of blocks %llu-%llu: using the origin",
 		    c->name, pb->block, pb->block + pb->run->nr);
 	pb->to_cache = false;	/* its end_io must not take it back again */
-	tc_wrun_drop(c, pb, pb->run->record, false);
-	pb->run->record = 0;
+	tc_wrun_drop(c, pb, false);
+	bitmap_zero(pb->run->record, TC_RUN_MAX);
 	tc_count(c, TC_S_WRITE_BYPASS);
 	bio->bi_iter = pb->iter;
 	if (tc_around_waits(c, pb->epoch)) {
@@ -408,7 +431,7 @@ void tc_wrun_drop_done(struct tc_cache *c, struct bio *bio,
 		       struct tc_bio *pb)
 {
 	if (!pb->status) {
-		tc_wrun_drop(c, pb, ~0ULL, true);
+		tc_wrun_drop(c, pb, true);
 		if (tc_around_needs_commit(c, pb) && tc_meta_commit(c))
 			pb->status = BLK_STS_IOERR;
 	}

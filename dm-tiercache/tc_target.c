@@ -474,16 +474,24 @@ static struct target_type tc_target_type = {
 
 static int __init dm_tiercache_init(void)
 {
-	int r = dm_register_target(&tc_target_type);
+	int r = tc_run_cache_init();
 
-	if (r)
+	if (r) {
+		DMERR("no slab cache for runs: %d", r);
+		return r;
+	}
+	r = dm_register_target(&tc_target_type);
+	if (r) {
 		DMERR("register failed: %d", r);
+		tc_run_cache_exit();
+	}
 	return r;
 }
 
 static void __exit dm_tiercache_exit(void)
 {
 	dm_unregister_target(&tc_target_type);
+	tc_run_cache_exit();
 }
 
 module_init(dm_tiercache_init);

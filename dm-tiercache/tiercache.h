@@ -377,12 +377,16 @@ enum tc_stage {
 	TC_ST_RUN_DROP_DONE,	/* origin write ended: drop the copies */
 };
 
+/* most blocks one run sends at once: 1 MiB of 4 KiB blocks */
+#define TC_RUN_MAX	256
+
 /* the locks of a run's blocks after its first (tc_run.c, tc_miss.c) */
 struct tc_run {
 	unsigned int nr;		/* blocks after the first */
-	u64 record;			/* bit i: a write run's block i (0: the
-					 * first) is recorded dirty at end_io
-					 */
+	DECLARE_BITMAP(record, TC_RUN_MAX);	/* bit i: a write run's block i
+						 * (0: the first) is recorded
+						 * dirty at end_io
+						 */
 	struct tc_holder h[];
 };
 
@@ -506,7 +510,10 @@ bool tc_spans_blocks(struct tc_cache *c, struct bio *bio);
 void tc_trim_blocks(struct tc_cache *c, struct bio *bio, u64 n);
 bool tc_map_run(struct tc_cache *c, struct bio *bio, struct tc_bio *pb,
 		int *r);
+int tc_run_cache_init(void);
+void tc_run_cache_exit(void);
 struct tc_run *tc_run_alloc(unsigned int n);
+void tc_run_free(struct tc_run *run);
 unsigned int tc_run_limit(struct tc_cache *c, u64 first, u32 slot, u64 n);
 void tc_run_start(struct tc_cache *c, struct bio *bio, struct tc_bio *pb,
 		  u32 slot, unsigned int n);

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: GPL-2.0
 """Reads of several cached blocks (docs/tiercache.rst, "A bio that spans
 blocks"): a read of blocks cached in consecutive slots goes to the cache
-device as one bio per run of up to 64 blocks, not one bio per block; the
+device as one bio per run of up to 256 blocks, not one bio per block; the
 data read is the newest, whatever the blocks' states; a run that meets a
 block cached elsewhere, or not cached, ends there and the rest is served
 on its own; a cache device that fails such a read sends it to the origin
@@ -17,7 +17,7 @@ from tclib import MiB
 pytestmark = [pytest.mark.module, pytest.mark.usefixtures("tc_module")]
 
 B = 4096
-RUN = 64                # TC_RUN_MAX in tc_run.c
+RUN = 256               # TC_RUN_MAX in tiercache.h
 # Nothing else reads the cache device while a test counts its reads: no
 # background writeback (it reads dirty blocks), and no timed commit (a
 # commit reads the metadata blocks it rewrites; a promotion or a new dirty
@@ -40,10 +40,11 @@ def _read_counted(tc, cache, off, length):
             st["read_misses"] - st0["read_misses"])
 
 
-def test_run_of_cached_blocks_is_one_cache_read_per_64_blocks(stack):
+def test_run_of_cached_blocks_is_one_cache_read_per_run(stack):
     """1 MiB written with one O_DIRECT write (tiercache takes it block by
     block: consecutive home slots), then read back with one 1 MiB read:
-    4 reads reach the cache device (the module before runs sent 256), the
+    one read reaches the cache device (the module before runs sent 256,
+    the one with runs of at most 64 blocks 4), the
     data is byte for byte what was written, no block was a miss, and each
     run counts one read hit.
     The same once the blocks are clean (after a flush), and for a read that

@@ -3,7 +3,7 @@
 blocks"): in writeback mode a write of whole blocks whose slots are
 consecutive (fresh slots taken next to each other, or copies already in
 consecutive slots, dirty or clean) goes to the cache device as one bio per
-run of up to 64 blocks, not one bio per block; the new dirty slots are
+run of up to 256 blocks, not one bio per block; the new dirty slots are
 recorded on disk as a one-block write's are; a block that cannot join (its
 slot is not the next one) ends the run; a cache device that fails a run
 sends it whole to the origin and drops the copies it replaced."""
@@ -21,7 +21,7 @@ from tclib import MiB
 pytestmark = [pytest.mark.module, pytest.mark.usefixtures("tc_module")]
 
 B = 4096
-RUN = 64                # TC_RUN_MAX in tc_run.c
+RUN = 256               # TC_RUN_MAX in tiercache.h
 # Nothing else writes the cache device while a test counts its writes: no
 # background writeback (it would clean blocks and commit), and no timed
 # commit (it writes metadata blocks).  Commits come from flushes only.
@@ -48,11 +48,12 @@ def _write_counted(tc, wl, cache, off, length):
             st["write_misses"] - st0["write_misses"])
 
 
-def test_run_of_blocks_is_one_cache_write_per_64_blocks(stack):
+def test_run_of_blocks_is_one_cache_write_per_run(stack):
     """1 MiB written with one O_DIRECT write, three times: to blocks not
     cached (fresh slots, taken next to each other), to their dirty copies,
-    and after a flush to their clean copies.  Each time 4 writes reach the
-    cache device (the module before runs sent 256), each run counts one
+    and after a flush to their clean copies.  Each time one write reaches
+    the cache device (the module before runs sent 256, the one with runs
+    of at most 64 blocks 4), each run counts one
     write (hits + misses = the cache device's writes), and nothing goes to
     the origin.  The dirty slots are on disk: after a remove and a load of
     the same cache all 256 blocks are dirty and read back byte for byte,
