@@ -294,6 +294,27 @@ def compare(expected, got, base, what=""):
 
 # ---------------------------------------------------------------- model
 
+# (size, seed) -> (pattern, generator state after it): under emulation a
+# 64 MiB pattern takes seconds to generate, and most tests ask for the same few
+_PATTERNS = {}
+_PATTERNS_MAX_BYTES = 256 * MiB
+
+
+def seeded_pattern(size, seed):
+    """The `size` bytes random.Random(seed) gives first, and its state after."""
+    key = (size, seed)
+    hit = _PATTERNS.get(key)
+    if hit is None:
+        rng = random.Random(seed)
+        hit = (rng.randbytes(size), rng.getstate())
+        while _PATTERNS and sum(len(p) for p, _ in _PATTERNS.values()) + size > \
+                _PATTERNS_MAX_BYTES:
+            _PATTERNS.pop(next(iter(_PATTERNS)))
+        if size <= _PATTERNS_MAX_BYTES:
+            _PATTERNS[key] = hit
+    return hit
+
+
 class Model:
     """Expected content of a device; seeded pattern writes; verification."""
 
@@ -301,7 +322,9 @@ class Model:
         self.size = size
         self.rng = random.Random(seed)
         if initial is None:
-            initial = self.rng.randbytes(size)
+            # as self.rng.randbytes(size), made once per (size, seed)
+            initial, state = seeded_pattern(size, seed)
+            self.rng.setstate(state)
         assert len(initial) == size
         self.data = bytearray(initial)
         self.stats = {"direct_writes": 0, "buffered_writes": 0, "bytes": 0,
