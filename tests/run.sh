@@ -20,7 +20,7 @@
 #   TC_SKIP_HOST=1    skip host unit tests
 #   TC_MEMORY=2G TC_CPUS=2  guest size
 #   TC_KVM=auto|0|1   use /dev/kvm if usable (auto), never, always
-#   TC_VM_TIMEOUT=4200  seconds for the whole VM run; TC_PYTEST_TIMEOUT=3900
+#   TC_VM_TIMEOUT=4800  seconds for the whole VM run; TC_PYTEST_TIMEOUT=4500
 #   TC_VM_LOCK=/tmp/tiercache-vm.lock  serialise VM boots (empty: no lock)
 #   TC_KO=path        module to test (default dm-tiercache/dm-tiercache.ko)
 #   TC_SKIP_CRASH=1   skip the crash test (reported as SKIP)
@@ -44,8 +44,8 @@ TESTS=${TESTS:-}
 TC_MEMORY=${TC_MEMORY:-2G}
 TC_CPUS=${TC_CPUS:-2}
 TC_KVM=${TC_KVM:-auto}
-TC_VM_TIMEOUT=${TC_VM_TIMEOUT:-4200}
-TC_PYTEST_TIMEOUT=${TC_PYTEST_TIMEOUT:-3900}
+TC_VM_TIMEOUT=${TC_VM_TIMEOUT:-4800}
+TC_PYTEST_TIMEOUT=${TC_PYTEST_TIMEOUT:-4500}
 TC_VM_LOCK=${TC_VM_LOCK-/tmp/tiercache-vm.lock}
 
 STAMP=$(date +%Y%m%d-%H%M%S)-$$
