@@ -959,20 +959,21 @@ static void tc_wb_retry_work(struct work_struct *w)
  * engine may run on the reclaim path: its allocations do no I/O and give
  * up rather than wait (the slots then wait for the next merge).  Writes
  * parked for room in the tail try again, merged or not (each waits for
- * at most TC_ORDER_WAITS merges).  A merge that dropped slots cleaned
- * since the last one (CLOCK could not take them before) also wakes the
- * writes parked for a slot; one that dropped none does not, or a write
- * parked while writeback waits out a back-off would go round for it.
+ * at most TC_ORDER_WAITS merges).  If an allocation found no slot while
+ * cleaned slots waited for this merge (CLOCK cannot take them before), the
+ * writes parked for a slot try again too; only then, or a write parked
+ * while writeback waits out a back-off would go round for every merge.
  */
 static int tc_wb_merge(struct tc_cache *c)
 {
-	bool cleaned = READ_ONCE(c->ix.cleaned);
 	unsigned int noio = memalloc_noio_save();
-	int r = tc_index_merge(c, GFP_KERNEL | __GFP_NORETRY | __GFP_NOWARN);
+	bool fed;
+	int r = tc_index_merge(c, GFP_KERNEL | __GFP_NORETRY | __GFP_NOWARN,
+			       &fed);
 
 	memalloc_noio_restore(noio);
 	tc_wake_order_waiters(c);
-	if (!r && cleaned)
+	if (fed)
 		tc_wake_wb_waiters(c);
 	return r;
 }

@@ -588,17 +588,21 @@ int tc_index_load_end(struct tc_cache *c)
  * Bring the dirty slots written since into the ordered walk, and drop the
  * slots cleaned since.  Nothing to do (no slot queued or cleaned since the
  * last merge) costs nothing: a merge reads every dirty slot's word.
+ * @fed: an allocation found no slot while cleaned slots waited for a
+ * merge, and they can be had now (the caller wakes the writes parked for
+ * a slot).
  */
-int tc_index_merge(struct tc_cache *c, gfp_t gfp)
+int tc_index_merge(struct tc_cache *c, gfp_t gfp, bool *fed)
 {
 	struct tc_index *ix = &c->ix;
 	struct tc_dorder *d = &ix->dorder;
 	bool starved = READ_ONCE(ix->starved);
 	int r;
 
+	*fed = starved;
 	if (!READ_ONCE(d->nr_tail) && !d->nr_pending &&
 	    !READ_ONCE(ix->cleaned)) {
-		/* set after the last merge took the cleaned slots: moot */
+		/* set after the last merge took the cleaned slots: fed */
 		WRITE_ONCE(ix->starved, false);
 		return 0;
 	}
@@ -614,6 +618,7 @@ int tc_index_merge(struct tc_cache *c, gfp_t gfp)
 	r = tc_dorder_merge(d, gfp);
 	if (r) {
 		/* nothing was dropped: the next merge must still try */
+		*fed = false;
 		WRITE_ONCE(ix->cleaned, true);
 		if (starved)
 			WRITE_ONCE(ix->starved, true);

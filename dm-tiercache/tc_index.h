@@ -76,7 +76,7 @@ int tc_index_load(struct tc_cache *c, u32 slot, u64 block, u64 epoch);
 int tc_index_load_end(struct tc_cache *c);
 
 /* writeback (the engine) */
-int tc_index_merge(struct tc_cache *c, gfp_t gfp);
+int tc_index_merge(struct tc_cache *c, gfp_t gfp, bool *fed);
 bool tc_index_want_merge(struct tc_cache *c);
 u32 tc_next_dirty(struct tc_cache *c, u64 from, u64 to, u64 *block);
 u32 tc_next_dirty_in(struct tc_cache *c, u64 epoch, u64 from, u64 to,

@@ -293,8 +293,7 @@ static enum tc_action tc_write_failed(struct tc_cache *c, struct bio *bio,
  */
 static void tc_slot_wakes_mark(struct tc_cache *c, struct tc_bio *pb)
 {
-	pb->slot_wakes = atomic_read(&c->slot_wakes);
-	smp_mb();	/* the count read, then the slots: see above */
+	pb->slot_wakes = atomic_read_acquire(&c->slot_wakes);
 }
 
 /*
@@ -578,7 +577,7 @@ static void tc_wait_epoch(struct tc_cache *c, struct bio *bio,
 {
 	struct bio_list *list = tc_wait_list(c, why);
 	u64 epoch = pb->epoch;	/* once parked, the bio may be gone */
-	int wakes = pb->slot_wakes;
+	int wakes = why == TC_WAIT_SLOT ? pb->slot_wakes : 0;
 	unsigned long flags;
 
 	pb->locked = false;

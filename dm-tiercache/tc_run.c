@@ -48,9 +48,10 @@ void tc_trim_blocks(struct tc_cache *c, struct bio *bio, u64 n)
 }
 
 /*
- * Runs come from a cache of their own: the lock holders of TC_RUN_MAX
- * blocks are just over 8 KiB, past the largest kmalloc cache, and a run
+ * A run of TC_RUN_MAX blocks comes from a cache of its own: its lock
+ * holders are just over 8 KiB, past the largest kmalloc cache, and a run
  * is allocated in the map function of every bio that spans blocks.
+ * Shorter runs are kmalloc'ed to their size.
  */
 static struct kmem_cache *tc_run_cache;
 
@@ -68,16 +69,21 @@ void tc_run_cache_exit(void)
 	kmem_cache_destroy(tc_run_cache);
 }
 
-/* A run of @n blocks at most (2..TC_RUN_MAX), or NULL: no memory now. */
+/* A run of @n blocks at most (1..TC_RUN_MAX), or NULL: no memory now. */
 struct tc_run *tc_run_alloc(unsigned int n)
 {
+	const gfp_t gfp = GFP_NOWAIT | __GFP_NOWARN;
 	struct tc_run *run;
 
-	if (WARN_ON_ONCE(n > TC_RUN_MAX))
+	if (WARN_ON_ONCE(!n || n > TC_RUN_MAX))
 		return NULL;
-	run = kmem_cache_alloc(tc_run_cache, GFP_NOWAIT | __GFP_NOWARN);
+	if (n == TC_RUN_MAX)
+		run = kmem_cache_alloc(tc_run_cache, gfp);
+	else
+		run = kmalloc(struct_size(run, h, n - 1), gfp);
 	if (run) {
 		run->nr = 0;
+		run->full = n == TC_RUN_MAX;
 		bitmap_zero(run->record, TC_RUN_MAX);
 	}
 	return run;
@@ -85,8 +91,10 @@ struct tc_run *tc_run_alloc(unsigned int n)
 
 void tc_run_free(struct tc_run *run)
 {
-	if (run)
+	if (run && run->full)
 		kmem_cache_free(tc_run_cache, run);
+	else
+		kfree(run);
 }
 
 void tc_run_unlock(struct tc_cache *c, struct tc_bio *pb)

@@ -383,6 +383,7 @@ enum tc_stage {
 /* the locks of a run's blocks after its first (tc_run.c, tc_miss.c) */
 struct tc_run {
 	unsigned int nr;		/* blocks after the first */
+	bool full;			/* TC_RUN_MAX blocks: from tc_run_cache */
 	DECLARE_BITMAP(record, TC_RUN_MAX);	/* bit i: a write run's block i
 						 * (0: the first) is recorded
 						 * dirty at end_io
@@ -418,10 +419,10 @@ struct tc_bio {
 	struct tc_range range;
 	bool again;			/* dispatched again: counted once */
 	u8 order_waits;			/* merges of a full tail waited for */
-	u64 epoch;			/* a write: the epoch open at its map */
 	int slot_wakes;			/* c->slot_wakes before it looked for a
 					 * slot (TC_WAIT_SLOT)
 					 */
+	u64 epoch;			/* a write: the epoch open at its map */
 	struct tc_oflush_req oflush;	/* bio 1 of a flush: waits in tc_oflush.c */
 };
 
