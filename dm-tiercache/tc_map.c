@@ -312,8 +312,13 @@ static enum tc_action tc_write_cow(struct tc_cache *c, struct bio *bio,
 	if (tc_alloc_slot(c, block, &slot))
 		return TC_WAIT_SLOT;
 	if (tc_insert(c, slot, block, true)) {
+		/*
+		 * The dirty order's tail is full: a merge makes room.  It
+		 * cannot go around the cache, so after a few merges it waits
+		 * for writeback like a write that found no slot.
+		 */
 		tc_free_slot(c, slot);
-		return TC_WAIT_SLOT;
+		return tc_order_wait(pb) ? TC_WAIT_ORDER : TC_WAIT_SLOT;
 	}
 	pb->slot = slot;
 	pb->cow_from = old;
