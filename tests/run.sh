@@ -58,9 +58,11 @@ hdr() { printf '\n=== %s ===\n' "$*"; }
 fmt_t() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
 
 CHECKS=()   # "name|PASS|detail" ...
-check() {   # check NAME STATUS [DETAIL]
+T_LAST=$T0
+check() {   # check NAME STATUS [DETAIL]; the time since the check before
 	CHECKS+=("$1|$2|${3:-}")
-	printf '[run] %-26s %s %s\n' "$1" "$2" "${3:-}"
+	printf '[run] %-26s %s %s (+%s)\n' "$1" "$2" "${3:-}" "$(fmt_t $(( $(date +%s) - T_LAST )))"
+	T_LAST=$(date +%s)
 }
 
 # ------------------------------------------------------------------ deps
