@@ -29,11 +29,11 @@ test-host:
 	$(MAKE) -C tests/host check
 
 # both kernels of the matrix run even if the first fails; either failing fails
-# The crash test's two runs are split between the lanes: the commit timer
-# out of the way on 6.1, the ordered policy with the 1 s timer on 6.12
-# (tests/kernel2.sh); tests/run.sh alone runs both.
+# The crash test runs once, on 6.1: the ordered policy with the 1 s commit
+# timer (CI's 90 minutes); tests/run.sh alone also runs it with the timer
+# out of the way (600000), and TC_CRASH=1 ./tests/kernel2.sh on 6.12.
 test:
-	@rc=0; TC_CRASH_COMMIT_MS=600000 ./tests/run.sh || rc=1; ./tests/kernel2.sh || rc=1; exit $$rc
+	@rc=0; TC_CRASH_COMMIT_MS=1000:ordered ./tests/run.sh || rc=1; ./tests/kernel2.sh || rc=1; exit $$rc
 
 test-debug:
 	./tests/debug/run.sh
