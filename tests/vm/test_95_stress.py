@@ -5,7 +5,7 @@ fault windows on the origin and the cache device.
 
 `make test` runs a short seeded run; `make soak` runs it for an hour.
 Environment (passed into the VM by tests/run.sh):
-  TC_STRESS_SECONDS  IO phase length (default 60)
+  TC_STRESS_SECONDS  IO phase length (default 45)
   TC_STRESS_SEED     seed (default 1; `random` for a new one, printed);
                      a comma-separated list runs one after the other
   TC_STRESS_THREADS  IO threads (default 4)
@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def test_stress(capsys):
-    seconds = float(os.environ.get("TC_STRESS_SECONDS", "60"))
+    seconds = float(os.environ.get("TC_STRESS_SECONDS", "45"))
     seeds = os.environ.get("TC_STRESS_SEED", "1").split(",")
     threads = os.environ.get("TC_STRESS_THREADS", "4")
     failed = []

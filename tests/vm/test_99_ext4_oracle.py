@@ -45,7 +45,7 @@ or the oracle has no teeth.
 
 TC_ORACLE_SEED selects the workload's seed (default 1).
 TC_ORACLE_FSCK_EVERY=N checks only every Nth state with e2fsck and the
-fsynced files, and always the last (default 4: about 50 of the 200 or so
+fsynced files, and always the last (default 8: about 25 of the 200 or so
 states in `make test`, which must fit CI's time; 1 checks all); the
 sector rule still judges every one.
 The debug kernel's lane sets it (tests/debug/run.sh): there e2fsck of
@@ -73,7 +73,7 @@ from test_85_fsx import xfstests_dir
 pytestmark = [pytest.mark.module, pytest.mark.usefixtures("tc_module")]
 
 SEED = int(os.environ.get("TC_ORACLE_SEED", "1"))
-FSCK_EVERY = max(1, int(os.environ.get("TC_ORACLE_FSCK_EVERY", "4")))
+FSCK_EVERY = max(1, int(os.environ.get("TC_ORACLE_FSCK_EVERY", "8")))
 ORIGIN_MIB = 32
 CACHE_MIB = 8
 LOG_MIB = 192
