@@ -384,6 +384,7 @@ def build(stack, ordered):
 # with TC_GUEST_ENV) names others, or "all"
 _REGIMES = os.environ.get("TC_ORDER_REGIMES", "small-epochs,cleaner")
 RUN_REGIMES = sorted(REGIMES) if _REGIMES == "all" else _REGIMES.split(",")
+assert set(RUN_REGIMES) <= set(REGIMES), f"TC_ORDER_REGIMES: not in {sorted(REGIMES)}"
 
 
 @pytest.mark.parametrize("regime", RUN_REGIMES)

@@ -88,6 +88,11 @@ def snapshot():
     }
 
 
+def same_as(before):
+    after = snapshot()
+    assert after == before, f"left behind: before {before}\nafter {after}"
+
+
 @pytest.fixture
 def unchanged():
     """For a command that must be refused before it builds anything: the
@@ -95,8 +100,7 @@ def unchanged():
     (each a second under emulation)."""
     before = snapshot()
     yield before
-    after = snapshot()
-    assert after == before, f"left behind: before {before}\nafter {after}"
+    same_as(before)
 
 
 @pytest.fixture
@@ -106,8 +110,7 @@ def clean():
     before = snapshot()
     yield before
     stack("remove", "--all", check=False)
-    after = snapshot()
-    assert after == before, f"left behind: before {before}\nafter {after}"
+    same_as(before)
 
 
 def read_write_check(dev, nbytes=MiB):
