@@ -44,10 +44,16 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def kernel_log_guard(request):
-    """Per test: clean dm slate before; kernel log scan after.
+    """Per test: clean dm slate before; kernel log scan and hang check after.
 
     A test that makes the kernel print an oops, BUG, WARNING, hung task or
     Call Trace fails, with the lines in the message.
+
+    A test that leaves a thread in state D for TC_STUCK_PATIENCE seconds
+    (default 30; its IO or dm ioctl never completes) fails and ends the
+    run, with the kernel's list of blocked tasks (sysrq w) in its log:
+    every later test would meet the same stuck device and each of its
+    commands would wait out its own timeout, until the run's limit.
     """
     left = [n for n in tclib.dm_names() if n not in tclib.KEEP]
     if left:
@@ -57,10 +63,21 @@ def kernel_log_guard(request):
     cur = tclib.KmsgCursor(f"START {request.node.nodeid}")
     yield
     tclib.kmsg(f"END {request.node.nodeid}")
+    problems = []
     bad = kernlog.bad_lines(cur.lines())
     if bad:
-        pytest.fail("kernel log during this test:\n" + "\n".join(bad[:60]),
-                    pytrace=False)
+        problems.append("kernel log during this test:\n" + "\n".join(bad[:60]))
+    stuck = tclib.stuck_tasks(float(os.environ.get("TC_STUCK_PATIENCE", "30")))
+    if stuck:
+        if os.environ.get("TC_STUCK_SYSRQ", "1") == "1":
+            tclib.sysrq("w")
+        why = f"threads stuck in the kernel after {request.node.nodeid}: {stuck}"
+        tclib.kmsg(f"{why}; the run ends here (blocked tasks above)")
+        request.session.shouldstop = why
+        problems.append(why + "; the run ends here (sysrq w: blocked tasks in the "
+                        "kernel log)")
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
 
 
 @pytest.fixture

@@ -824,10 +824,7 @@ class Stress:
                 self.log(f"{name}: {e}")
         # blocked tasks, then every CPU's stack (a worker that spins is not blocked)
         for key in ("w", "l"):
-            try:
-                Path("/proc/sysrq-trigger").write_text(key + "\n")
-            except OSError:
-                pass
+            tclib.sysrq(key)
         self.report_fail("hang", what)
         sys.stdout.flush()
         os._exit(2)                     # threads stuck in the kernel cannot be joined

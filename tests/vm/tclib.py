@@ -42,8 +42,8 @@ ENV = dict(os.environ, DM_DISABLE_UDEV="1", LC_ALL="C")
 WORKDIR = os.environ.get("TMPDIR", "/tmp")
 
 # dm devices owned by module-scoped stacks: the per-test clean-slate check
-# leaves them alone
-KEEP = set()
+# leaves them alone (and those of TC_KEEP_DM: a run inside a test's run)
+KEEP = set(os.environ.get("TC_KEEP_DM", "").split())
 
 
 class CmdError(Exception):
@@ -121,6 +121,52 @@ class KmsgCursor:
             if self.marker in out[i]:
                 return out[i + 1:]
         return out  # marker rotated out (unlikely): return everything
+
+
+# ---------------------------------------------------------------- stuck tasks
+
+PF_KTHREAD = 0x00200000
+
+
+def blocked_tasks():
+    """Threads of user processes in uninterruptible sleep (state D), as
+    {tid: comm}.  Every thread is looked at: a process that exited with a
+    thread stuck in the kernel is a zombie whose stuck thread lives on.
+    Kernel threads are left out (a flusher waiting for its IO is routine)."""
+    out = {}
+    for tid_stat in Path("/proc").glob("[0-9]*/task/[0-9]*/stat"):
+        try:
+            stat = tid_stat.read_text()
+        except OSError:
+            continue                    # gone meanwhile
+        # "tid (comm) state ppid pgrp session tty tpgid flags ...": comm may
+        # hold spaces and parentheses, the fields after its last ")" do not
+        head, _, rest = stat.rpartition(")")
+        fields = rest.split()
+        if len(fields) > 6 and fields[0] == "D" and not int(fields[6]) & PF_KTHREAD:
+            out[int(tid_stat.parent.name)] = head.partition("(")[2]
+    return out
+
+
+def stuck_tasks(patience=30.0, poll=1.0):
+    """Threads that stay in state D for @patience seconds: IO or a dm ioctl
+    the kernel does not complete.  {tid: comm}; empty at once when no
+    thread is in state D."""
+    stuck = blocked_tasks()
+    end = time.monotonic() + patience
+    while stuck and time.monotonic() < end:
+        time.sleep(poll)
+        now = blocked_tasks()
+        stuck = {t: c for t, c in stuck.items() if now.get(t) == c}
+    return stuck
+
+
+def sysrq(key):
+    """Ask the kernel for a report (w: blocked tasks, l: every CPU's stack)."""
+    try:
+        Path("/proc/sysrq-trigger").write_text(key + "\n")
+    except OSError:
+        pass
 
 
 # ---------------------------------------------------------------- block devs

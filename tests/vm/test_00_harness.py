@@ -3,11 +3,16 @@
 
 They prove the plumbing the tiercache tests rely on: the pattern model
 and its verification, fio verify/verify_only, the /sys/block stat oracle
-on dm-delay, null_blk discard, dm-flakey write errors, the status parser.
+on dm-delay, null_blk discard, dm-flakey write errors, the status parser,
+the end of a run at a thread stuck in the kernel.
 """
 
 import os
 import random
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -179,3 +184,75 @@ def test_bad_table_reporting_on_linear(stack):
     msgs = [ln for ln in cur.lines() if "device-mapper: table:" in ln]
     assert any("linear: Invalid device sector" in ln for ln in msgs), cur.lines()
     assert "tc-bad" not in tclib.dm_names()
+
+
+# A run of two tests (conftest.py as a plugin): the first leaves a direct
+# read of a suspended device in state D, the second must not run.
+STUCK_TESTS = """
+import os, subprocess, time
+from pathlib import Path
+import tclib
+
+def test_leaves_a_reader_stuck():
+    p = subprocess.Popen(["dd", "if=" + os.environ["TC_STUCK_DEV"], "of=/dev/null",
+                          "bs=4096", "count=1", "iflag=direct"])
+    Path(os.environ["TC_STUCK_PID"]).write_text(str(p.pid))
+    end = time.monotonic() + 60
+    while p.pid not in tclib.blocked_tasks():
+        assert p.poll() is None and time.monotonic() < end, "dd did not block"
+        time.sleep(0.2)
+
+def test_after_the_stuck_one():
+    Path(os.environ["TC_STUCK_RAN"]).write_text("ran")
+"""
+
+
+def test_blocked_tasks_sees_a_read_of_a_suspended_device(stack):
+    """tclib.stuck_tasks(): a direct read of a suspended dm device is in
+    state D until the resume, then it is not."""
+    lin = stack.linear(stack.ram(4 * MiB))
+    lin.suspend()
+    try:
+        p = subprocess.Popen(["dd", f"if={lin.path}", "of=/dev/null", "bs=4096",
+                              "count=1", "iflag=direct"])
+        end = time.monotonic() + 60
+        while p.pid not in tclib.blocked_tasks():
+            assert p.poll() is None and time.monotonic() < end, "dd did not block"
+            time.sleep(0.2)
+        assert tclib.stuck_tasks(patience=3).get(p.pid) == "dd"
+    finally:
+        lin.resume()
+    assert p.wait(timeout=60) == 0
+    assert p.pid not in tclib.stuck_tasks(patience=3)
+
+
+def test_a_thread_stuck_in_the_kernel_ends_the_run(stack, tmp_path):
+    """conftest.py's hang check: a test that leaves a thread in state D
+    fails, and no test runs after it (each would wait out its commands'
+    timeouts on the stuck device, until the run's limit)."""
+    lin = stack.linear(stack.ram(4 * MiB))
+    (tmp_path / "test_inner.py").write_text(STUCK_TESTS)
+    env = dict(os.environ, PYTHONPATH=str(Path(tclib.__file__).parent),
+               TC_STUCK_DEV=lin.path, TC_STUCK_PID=str(tmp_path / "pid"),
+               TC_STUCK_RAN=str(tmp_path / "ran"), TC_STUCK_PATIENCE="3",
+               TC_STUCK_SYSRQ="0")     # no stack traces in this run's kernel log
+    env.pop("TC_SKIP_IDS_FILE", None)
+    # the inner run's clean slate must leave this test's devices alone
+    env["TC_KEEP_DM"] = " ".join(tclib.dm_names())
+    lin.suspend()
+    try:
+        p = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-q",
+                            "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+                            str(tmp_path / "test_inner.py")],
+                           env=env, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=600)
+    finally:
+        lin.resume()
+    out = p.stdout + p.stderr
+    print(out)
+    pid = int((tmp_path / "pid").read_text())
+    assert f"threads stuck in the kernel after test_inner.py::test_leaves_a_reader_stuck: " \
+           f"{{{pid}: 'dd'}}" in out
+    assert "the run ends here" in out
+    assert p.returncode != 0
+    assert not (tmp_path / "ran").exists(), "a test ran after the stuck one"
