@@ -27,6 +27,8 @@
 #   TC_CRASH=1        run the crash test even with TESTS set
 #   TC_STRESS_SECONDS, TC_STRESS_SEED, TC_STRESS_THREADS, TC_STRESS_ARGS
 #                     the stress test's run (tests/vm/test_95_stress.py, make soak)
+#   TC_TEST_TIMEOUT=N a test running longer fails (tests/vm/conftest.py; unset:
+#                     no limit but TC_PYTEST_TIMEOUT's; make test sets 1200)
 #   TC_KERNEL=path    what vng boots (default /boot/vmlinuz-$KVER): a kernel
 #                     image, or a kernel build directory (its modules are used;
 #                     tests/debug/run.sh boots the debug kernel this way)
@@ -158,8 +160,9 @@ hdr "VM tests (kernel $KVER)"
 	printf 'TESTS=%q\n' "$TESTS"
 	printf 'PYTEST_TIMEOUT=%q\n' "$TC_PYTEST_TIMEOUT"
 	printf 'KO=%q\n' "${TC_KO:-$REPO/dm-tiercache/dm-tiercache.ko}"
-	# the stress test's knobs (tests/vm/test_95_stress.py), exported in the guest
-	for v in TC_STRESS_SECONDS TC_STRESS_SEED TC_STRESS_THREADS TC_STRESS_ARGS; do
+	# the stress test's knobs (tests/vm/test_95_stress.py) and the time limit
+	# of one test (tests/vm/conftest.py), exported in the guest
+	for v in TC_STRESS_SECONDS TC_STRESS_SEED TC_STRESS_THREADS TC_STRESS_ARGS TC_TEST_TIMEOUT; do
 		if [ -n "${!v:-}" ]; then printf 'export %s=%q\n' "$v" "${!v}"; fi
 	done
 	for v in ${TC_GUEST_ENV:-}; do

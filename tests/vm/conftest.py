@@ -2,6 +2,7 @@
 """pytest fixtures for the in-VM tests (run by tests/vm/inside.sh)."""
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -16,6 +17,10 @@ import tclib  # noqa: E402
 # (tests/xfstests/run.sh, TC_XFSTESTS=1) only
 if os.environ.get("TC_XFSTESTS") != "1":
     collect_ignore_glob = ["test_xfstests.py"]
+
+# a hung test asks the kernel for its blocked tasks (TC_HANG_SYSRQ=0: not,
+# for test_00_harness's runs of a hang on purpose: no stack in the log)
+HANG_SYSRQ = os.environ.get("TC_HANG_SYSRQ", "1") == "1"
 
 
 def pytest_configure(config):
@@ -69,7 +74,7 @@ def kernel_log_guard(request):
         problems.append("kernel log during this test:\n" + "\n".join(bad[:60]))
     stuck = tclib.stuck_tasks(float(os.environ.get("TC_STUCK_PATIENCE", "30")))
     if stuck:
-        if os.environ.get("TC_STUCK_SYSRQ", "1") == "1":
+        if HANG_SYSRQ:
             tclib.sysrq("w")
         why = f"threads stuck in the kernel after {request.node.nodeid}: {stuck}"
         tclib.kmsg(f"{why}; the run ends here (blocked tasks above)")
@@ -107,6 +112,37 @@ def tc_module():
     tclib.ensure_module()
     yield
 
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """TC_TEST_TIMEOUT=N (seconds, 0 or unset: none): a test whose setup,
+    call and teardown take longer fails, with the kernel's blocked tasks
+    and every CPU's stack (sysrq w, l) in its log, and the run goes on.
+    A test blocked in a process of its own that waits interruptibly
+    (a command, a sleep, a poll) is caught; one whose own thread is stuck
+    in the kernel is not (the hang check after it, and inside.sh's
+    PYTEST_TIMEOUT, are the last resort)."""
+    limit = float(os.environ.get("TC_TEST_TIMEOUT", "0") or 0)
+    if limit <= 0:
+        yield
+        return
+
+    def expired(signum, frame):
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        tclib.kmsg(f"{item.nodeid} still running after TC_TEST_TIMEOUT={limit:g}s")
+        for key in ("w", "l") if HANG_SYSRQ else ():
+            tclib.sysrq(key)
+        pytest.fail(f"still running after TC_TEST_TIMEOUT={limit:g}s "
+                    "(sysrq w and l in the kernel log)", pytrace=False)
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def pytest_runtest_logreport(report):
