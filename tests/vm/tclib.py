@@ -128,13 +128,27 @@ class KmsgCursor:
 PF_KTHREAD = 0x00200000
 
 
+def _task_stats():
+    """/proc/PID/task/TID/stat of every thread; a process that exits during
+    the walk is skipped (pathlib's glob lets that error out)."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            yield Path(f"/proc/{pid}/task/{tid}/stat")
+
+
 def blocked_tasks():
     """Threads of user processes in uninterruptible sleep (state D), as
     {tid: comm}.  Every thread is looked at: a process that exited with a
     thread stuck in the kernel is a zombie whose stuck thread lives on.
     Kernel threads are left out (a flusher waiting for its IO is routine)."""
     out = {}
-    for tid_stat in Path("/proc").glob("[0-9]*/task/[0-9]*/stat"):
+    for tid_stat in _task_stats():
         try:
             stat = tid_stat.read_text()
         except OSError:
