@@ -86,6 +86,11 @@ def run(cmd, check=True, timeout=120, input=None, quiet=False, cwd=None):
             log(f"pid {p.pid} does not die (stuck in the kernel?)")
         log(f"TIMEOUT after {timeout}s: {shlex.join(cmd)}")
         raise subprocess.TimeoutExpired(cmd, timeout)
+    except BaseException:
+        # the test's time limit (conftest.py) or ^C: the command must not
+        # outlive its test, holding devices the next one needs
+        p.kill()
+        raise
     cp = subprocess.CompletedProcess(cmd, p.returncode, out, err)
     if check and p.returncode != 0:
         raise CmdError(cmd, p.returncode, out, err)
