@@ -4,6 +4,7 @@
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -114,35 +115,67 @@ def tc_module():
 
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
+TEST_TIMEOUT = float(os.environ.get("TC_TEST_TIMEOUT", "0") or 0)
+TEARDOWN_GRACE = 60
+
+
+def _timed_phase(item, when):
     """TC_TEST_TIMEOUT=N (seconds, 0 or unset: none): a test whose setup,
     call and teardown take longer fails, with the kernel's blocked tasks
     and every CPU's stack (sysrq w, l) in its log, and the run goes on.
-    A test blocked in a process of its own that waits interruptibly
-    (a command, a sleep, a poll) is caught; one whose own thread is stuck
-    in the kernel is not (the hang check after it, and inside.sh's
-    PYTEST_TIMEOUT, are the last resort)."""
-    limit = float(os.environ.get("TC_TEST_TIMEOUT", "0") or 0)
-    if limit <= 0:
+    The timer runs only inside a phase, where pytest turns the failure
+    into the phase's report; between phases (report hooks) it is off.  A
+    call that starts past the deadline fails at once; a teardown always
+    runs, with at least TEARDOWN_GRACE seconds (its fixtures must undo
+    what the test built, or the next test's setup fails).  A test blocked
+    in a process of its own that waits interruptibly (a command, a sleep,
+    a poll) is caught; one whose own thread is stuck in the kernel is not
+    (the hang check after it, and inside.sh's PYTEST_TIMEOUT, are the last
+    resort)."""
+    if TEST_TIMEOUT <= 0:
         yield
         return
+    if when == "setup":
+        item.tc_deadline = time.monotonic() + TEST_TIMEOUT
+    deadline = getattr(item, "tc_deadline", time.monotonic() + TEST_TIMEOUT)
 
-    def expired(signum, frame):
+    def expired(signum=None, frame=None):
         signal.setitimer(signal.ITIMER_REAL, 0)
-        tclib.kmsg(f"{item.nodeid} still running after TC_TEST_TIMEOUT={limit:g}s")
+        tclib.kmsg(f"{item.nodeid} still running after "
+                   f"TC_TEST_TIMEOUT={TEST_TIMEOUT:g}s")
         for key in ("w", "l") if HANG_SYSRQ else ():
             tclib.sysrq(key)
-        pytest.fail(f"still running after TC_TEST_TIMEOUT={limit:g}s "
+        pytest.fail(f"still running after TC_TEST_TIMEOUT={TEST_TIMEOUT:g}s "
                     "(sysrq w and l in the kernel log)", pytrace=False)
 
+    left = deadline - time.monotonic()
+    if when == "teardown":
+        left = max(left, min(TEST_TIMEOUT, TEARDOWN_GRACE))
+    elif left <= 0:
+        expired()
     old = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, limit)
+    signal.setitimer(signal.ITIMER_REAL, left)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    yield from _timed_phase(item, "setup")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    yield from _timed_phase(item, "call")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    stop_file_check(item, nextitem)
+    yield from _timed_phase(item, "teardown")
 
 
 def pytest_runtest_logreport(report):
@@ -153,7 +186,7 @@ def pytest_runtest_logreport(report):
             tclib.kmsg(f"FAILED {report.nodeid} ({report.when}): {line[:400]}")
 
 
-def pytest_runtest_teardown(item, nextitem):
+def stop_file_check(item, nextitem):
     """A file named `stop` in the results dir (created from the host) ends
     the run after the test in progress, as if it were the last one: what
     inside.sh does after pytest (the module unload, the debug kernel's

@@ -218,15 +218,21 @@ def test_after_the_slow_one():
 """
 
 
-def inner_pytest(tmp_path, source, **env):
+def inner_pytest(tmp_path, source, plugin=None, **env):
     """Run the tests of @source under conftest.py (as a plugin) in a pytest
-    of their own, with @env added: the CompletedProcess."""
+    of their own, with @env added: the CompletedProcess.  @plugin: the
+    source of one more plugin, loaded after conftest.py."""
     (tmp_path / "test_inner.py").write_text(source)
-    env = dict(os.environ, PYTHONPATH=str(Path(tclib.__file__).parent), **env)
+    more = []
+    if plugin:
+        (tmp_path / "innerplugin.py").write_text(plugin)
+        more = ["-p", "innerplugin"]
+    path = f"{Path(tclib.__file__).parent}:{tmp_path}"
+    env = dict(os.environ, PYTHONPATH=path, **env)
     env.pop("TC_SKIP_IDS_FILE", None)
     # the inner run's clean slate must leave the outer test's devices alone
     env["TC_KEEP_DM"] = " ".join(tclib.dm_names())
-    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-q",
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", *more, "-q",
                         "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
                         str(tmp_path / "test_inner.py")],
                        env=env, cwd=tmp_path, capture_output=True, text=True,
@@ -243,6 +249,28 @@ def test_a_test_over_its_time_limit_fails_and_the_run_goes_on(tmp_path):
     assert "still running after TC_TEST_TIMEOUT=3s" in out
     assert "1 failed, 1 passed" in out
     assert time.monotonic() - t0 < 100, "the sleeping test was not cut short"
+
+
+# a report hook that outlasts the test's time limit
+SLOW_REPORT = """
+import time
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and report.nodeid.endswith("test_quick"):
+        time.sleep(5)
+"""
+
+
+def test_a_time_limit_never_fires_in_a_report_hook(tmp_path):
+    """TC_TEST_TIMEOUT past its deadline between phases (in a report hook)
+    neither breaks pytest (INTERNALERROR) nor keeps the test's teardown
+    from running."""
+    src = "def test_quick():\n    pass\n\ndef test_next():\n    pass\n"
+    p = inner_pytest(tmp_path, src, plugin=SLOW_REPORT, TC_TEST_TIMEOUT="3",
+                     TC_HANG_SYSRQ="0")
+    out = p.stdout + p.stderr
+    assert "INTERNALERROR" not in out
+    assert "2 passed" in out and "error" not in out
 
 
 def test_blocked_tasks_sees_a_read_of_a_suspended_device(stack):
