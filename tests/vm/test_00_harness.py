@@ -229,7 +229,10 @@ def inner_pytest(tmp_path, source, plugin=None, **env):
         more = ["-p", "innerplugin"]
     path = f"{Path(tclib.__file__).parent}:{tmp_path}"
     env = dict(os.environ, PYTHONPATH=path, **env)
+    # the outer run's skip list and results dir (its stop file) are not
+    # the inner run's
     env.pop("TC_SKIP_IDS_FILE", None)
+    env.pop("TC_RESULTS", None)
     # the inner run's clean slate must leave the outer test's devices alone
     env["TC_KEEP_DM"] = " ".join(tclib.dm_names())
     p = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", *more, "-q",
