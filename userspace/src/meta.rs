@@ -1149,21 +1149,42 @@ fn read_run(cache: &dyn ReadAt, sb: &Superblock, run: &Run) -> Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// Rewrite the entries of `done` as clean (same block and seq, valid
-/// checksum, no epoch), metadata block by metadata block, then make it
-/// durable.
-fn mark_clean(cache: &Dev, sb: &Superblock, done: &[DirtyRef]) -> Result<()> {
+/// Rewrite the entries of `plan` as clean (same block and seq, valid
+/// checksum, no epoch), epoch by epoch, oldest first, each epoch made
+/// durable (a sync) before the next is touched.  A block dirty in several
+/// epochs has a version in each: were a newer one clean on disk while an
+/// older one is still dirty (a crash in between, or the write of a later
+/// metadata block failing), the module would load the older version as
+/// the block's newest, serve its data and write it back over the newer
+/// data on the origin, and so would another offline writeback.  In this
+/// order a crash leaves the newest versions dirty, whose data the origin
+/// already holds.
+fn mark_clean(cache: &dyn WriteAt, sb: &Superblock, plan: &[EpochPlan]) -> Result<()> {
+    for ep in plan {
+        let mut done: Vec<DirtyRef> = ep
+            .runs
+            .iter()
+            .flat_map(|r| r.blocks.iter().copied())
+            .collect();
+        done.sort_by_key(|d| d.slot);
+        mark_clean_slots(cache, sb, &done)?;
+        cache.sync()?;
+    }
+    Ok(())
+}
+
+/// Rewrite the entries of `done` (ascending slots) as clean, metadata
+/// block by metadata block.
+fn mark_clean_slots(cache: &dyn WriteAt, sb: &Superblock, done: &[DirtyRef]) -> Result<()> {
     let l = &sb.layout;
     let per = disk::entries_per_mblock();
-    let mut by_mblock: Vec<DirtyRef> = done.to_vec();
-    by_mblock.sort_by_key(|d| d.slot);
     let mut i = 0;
-    while i < by_mblock.len() {
-        let mb = by_mblock[i].slot / per;
+    while i < done.len() {
+        let mb = done[i].slot / per;
         let off = l.meta_start * 512 + mb * disk::MBLOCK_BYTES as u64;
         let mut buf = cache.read_at(off, disk::MBLOCK_BYTES)?;
-        while i < by_mblock.len() && by_mblock[i].slot / per == mb {
-            let d = by_mblock[i];
+        while i < done.len() && done[i].slot / per == mb {
+            let d = done[i];
             let k = ((d.slot % per) as usize) * disk::ENTRY_BYTES;
             let raw = &mut buf[k..k + disk::ENTRY_BYTES];
             // The entry must still be the one we wrote back (we hold the
@@ -1178,7 +1199,7 @@ fn mark_clean(cache: &Dev, sb: &Superblock, done: &[DirtyRef]) -> Result<()> {
                     Kind::Failure,
                     format!(
                         "{}: the entry of slot {} changed during the writeback ({}); not marking it clean",
-                        cache.path(),
+                        cache.name(),
                         d.slot,
                         e.state.describe()
                     ),
@@ -1196,7 +1217,7 @@ fn mark_clean(cache: &Dev, sb: &Superblock, done: &[DirtyRef]) -> Result<()> {
         }
         cache.write_at(off, &buf)?;
     }
-    cache.sync()
+    Ok(())
 }
 
 /// What an offline writeback did (or would do).
@@ -1435,7 +1456,7 @@ pub fn writeback(
     // entries dirty, and a later writeback starts again from the oldest
     // epoch, which passes through power-cut states again (each epoch
     // rewritten in full over the ones before it).
-    mark_clean(&cache, &sb, &dirty)?;
+    mark_clean(&cache, &sb, &plan)?;
     // Read back: what was written must now decode as clean.
     let after = disk::survey(&cache, &sb)?;
     let written: std::collections::HashSet<u64> = dirty.iter().map(|d| d.slot).collect();

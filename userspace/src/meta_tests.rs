@@ -1841,3 +1841,150 @@ fn version_3_image_has_no_summary() {
     assert!(got[20 * 4096..21 * 4096].iter().all(|&b| b == fill(20)));
     assert_eq!(std::fs::read(&p).unwrap()[..512], img[..512]);
 }
+
+/// Writes (byte offset, data) and syncs (None), in order.
+type WriteLog = Vec<Option<(u64, Vec<u8>)>>;
+
+/// A cache image in memory that records its writes and syncs, and fails
+/// every write after the first `allow` (a crash or an IO error there).
+struct RecCache {
+    data: std::cell::RefCell<Vec<u8>>,
+    log: std::cell::RefCell<WriteLog>,
+    allow: usize,
+}
+
+impl ReadAt for RecCache {
+    fn name(&self) -> &str {
+        "cache"
+    }
+    fn size_bytes(&self) -> u64 {
+        self.data.borrow().len() as u64
+    }
+    fn read_at(&self, off: u64, len: usize) -> Result<Vec<u8>> {
+        Ok(self.data.borrow()[off as usize..off as usize + len].to_vec())
+    }
+}
+
+impl disk::WriteAt for RecCache {
+    fn write_at(&self, off: u64, data: &[u8]) -> Result<()> {
+        let mut log = self.log.borrow_mut();
+        if log.iter().flatten().count() >= self.allow {
+            return Err(Error::new(
+                Kind::Unreadable,
+                "cache: write failed".to_string(),
+            ));
+        }
+        self.data.borrow_mut()[off as usize..off as usize + data.len()].copy_from_slice(data);
+        log.push(Some((off, data.to_vec())));
+        Ok(())
+    }
+    fn sync(&self) -> Result<()> {
+        self.log.borrow_mut().push(None);
+        Ok(())
+    }
+    fn devno(&self) -> Option<(u32, u32)> {
+        None
+    }
+}
+
+/// Versions of blocks 5 and 6 in several epochs, their slots in another
+/// order than their epochs and in several metadata blocks (128 entries
+/// each): block 5's newest version sits in the first one.
+fn spread_chain_entries() -> Vec<(u64, u64, bool, u64, u64)> {
+    vec![
+        (0, 5, true, 7, 103),
+        (200, 5, true, 5, 100),
+        (130, 6, true, 6, 101),
+        (3, 7, true, 7, 102),
+        (300, 5, true, 6, 101),
+        (600, 6, true, 5, 100),
+    ]
+}
+
+/// For each origin block, the epochs of its versions still dirty in the
+/// cache image `img` (ascending).
+fn dirty_epochs(img: &[u8], sb: &Superblock) -> std::collections::BTreeMap<u64, Vec<u64>> {
+    let m = disk::MemImage {
+        name: "cache".into(),
+        data: img.to_vec(),
+    };
+    let mut out = std::collections::BTreeMap::<u64, Vec<u64>>::new();
+    for d in disk::survey(&m, sb).unwrap().versions_to_write() {
+        out.entry(d.block).or_default().push(d.epoch);
+    }
+    for v in out.values_mut() {
+        v.sort();
+    }
+    out
+}
+
+#[test]
+fn mark_clean_goes_epoch_by_epoch_and_a_crash_leaves_the_newest_versions_dirty() {
+    let sb = chain_sb();
+    let es = spread_chain_entries();
+    let img = disk::build_image_epochs(&sb, CACHE_SECTORS, &es, epoch_fill);
+    let m = disk::MemImage {
+        name: "cache".into(),
+        data: img.clone(),
+    };
+    let v = disk::survey(&m, &sb).unwrap().versions_to_write();
+    let plan = plan_writeback(&v, 4096, MAX_WRITE_BYTES);
+    let before = dirty_epochs(&img, &sb);
+    assert_eq!(before[&5], [100, 101, 103]);
+    assert_eq!(before[&6], [100, 101]);
+
+    // Whole: every write touches one epoch's entries, and a sync comes
+    // between two epochs and after the last.
+    let all = RecCache {
+        data: std::cell::RefCell::new(img.clone()),
+        log: std::cell::RefCell::new(vec![]),
+        allow: usize::MAX,
+    };
+    mark_clean(&all, &sb, &plan).unwrap();
+    assert!(dirty_epochs(&all.data.borrow(), &sb).is_empty());
+    let log = all.log.borrow().clone();
+    let mut cur = img.clone();
+    let mut epochs = vec![];
+    for (off, data) in log.iter().flatten() {
+        let o = *off as usize;
+        let old = dirty_epochs(&cur, &sb);
+        cur[o..o + data.len()].copy_from_slice(data);
+        let new = dirty_epochs(&cur, &sb);
+        let mut gone = vec![];
+        for (b, es) in &old {
+            let now = new.get(b).cloned().unwrap_or_default();
+            gone.extend(es.iter().filter(|e| !now.contains(e)));
+        }
+        gone.sort();
+        gone.dedup();
+        assert_eq!(gone.len(), 1, "one write, one epoch: {gone:?}");
+        epochs.push(gone[0]);
+    }
+    let shape: Vec<Option<(u64, usize)>> = log
+        .iter()
+        .map(|w| w.as_ref().map(|(o, d)| (*o, d.len())))
+        .collect();
+    assert_power_cut_states(&shape, &epochs);
+
+    // Cut short after each write: a version still dirty is never older
+    // than one marked clean (the module would load it as the newest).
+    let writes = log.iter().flatten().count();
+    for allow in 0..writes {
+        let c = RecCache {
+            data: std::cell::RefCell::new(img.clone()),
+            log: std::cell::RefCell::new(vec![]),
+            allow,
+        };
+        assert!(mark_clean(&c, &sb, &plan).is_err());
+        let left = dirty_epochs(&c.data.borrow(), &sb);
+        for (b, was) in &before {
+            let now = left.get(b).cloned().unwrap_or_default();
+            let k = was.len() - now.len();
+            assert_eq!(
+                now,
+                was[k..],
+                "after {allow} writes, block {b}: dirty {now:?} of {was:?}: an older version dirty, a newer clean"
+            );
+        }
+    }
+}

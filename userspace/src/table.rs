@@ -70,7 +70,9 @@ impl Key {
             Key::LowWatermark => "dirty percent that stops it, 0 to high_watermark",
             Key::FlushOnSuspend => "flush when suspended, 0 or 1",
             Key::CommitMs => "metadata commit interval in milliseconds, 1 to 600000",
-            Key::Ordered => "writeback policy, 0 (default) or 1: epoch by epoch, the origin always consistent",
+            Key::Ordered => {
+                "writeback policy, 0 (default) or 1: epoch by epoch, the origin always consistent"
+            }
         }
     }
 }
