@@ -181,6 +181,9 @@ static bool tc_sb_fields_ok(const struct tc_disk_sb *sb,
 			return false;
 	if (sb->pad)
 		return false;
+	if (i->commit_seq >= TC_SB_COUNTER_LIMIT ||
+	    i->epoch >= TC_SB_COUNTER_LIMIT)
+		return false;
 	/* versions 1 and 2: the epoch was reserved; version 1: the gen too */
 	if (i->version <= TC_DISK_VERSION_V2 && i->epoch)
 		return false;

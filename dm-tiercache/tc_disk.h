@@ -167,6 +167,12 @@ typedef uint64_t __le64;
 #define TC_MBLOCK_SECTORS	(TC_MBLOCK_BYTES >> 9)
 #define TC_UUID_BYTES		128
 #define TC_MAX_SLOTS		0xffffffffULL	/* slot numbers are 32-bit */
+/*
+ * commit_seq and epoch are counters a load goes on from: a superblock with
+ * either at 2^63 or above is refused, so that neither can wrap (at one
+ * commit a microsecond, 2^63 takes 292,000 years).
+ */
+#define TC_SB_COUNTER_LIMIT	(1ULL << 63)
 
 struct tc_disk_sb {
 	__u8 magic[8];			/* TC_DISK_MAGIC, no NUL */

@@ -218,14 +218,32 @@ static void test_sb(void)
 	sb_resum(&sb);
 	CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_FIELDS);
 
-	/* any epoch, 0 and the largest included */
+	/* any epoch and commit up to the limit (no counter may wrap) */
 	in.epoch = 0;
 	tc_sb_encode(&sb, &in);
 	CHECK(tc_sb_decode(&sb, &out) == TC_SB_OK && out.epoch == 0);
+	in.epoch = TC_SB_COUNTER_LIMIT - 1;
+	tc_sb_encode(&sb, &in);
+	CHECK(tc_sb_decode(&sb, &out) == TC_SB_OK &&
+	      out.epoch == TC_SB_COUNTER_LIMIT - 1);
+	in.epoch = TC_SB_COUNTER_LIMIT;
+	tc_sb_encode(&sb, &in);
+	CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_FIELDS);
 	in.epoch = ~0ull;
 	tc_sb_encode(&sb, &in);
-	CHECK(tc_sb_decode(&sb, &out) == TC_SB_OK && out.epoch == ~0ull);
+	CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_FIELDS);
 	in.epoch = 7;
+	in.commit_seq = TC_SB_COUNTER_LIMIT - 1;
+	tc_sb_encode(&sb, &in);
+	CHECK(tc_sb_decode(&sb, &out) == TC_SB_OK &&
+	      out.commit_seq == TC_SB_COUNTER_LIMIT - 1);
+	in.commit_seq = TC_SB_COUNTER_LIMIT;
+	tc_sb_encode(&sb, &in);
+	CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_FIELDS);
+	in.commit_seq = ~0ull;
+	tc_sb_encode(&sb, &in);
+	CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_FIELDS);
+	in.commit_seq = 42;
 
 	/* flags: the defined one round-trips, any other bit is refused */
 	tc_sb_encode(&sb, &in);
@@ -322,10 +340,13 @@ static void test_sb_v2(void)
 		sb.version = cpu_to_le32(V2);
 		sb_resum(&sb);
 		CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_FIELDS);
-		/* the same in version 3 */
+		/* the same in version 3, below the counter limit */
 		tc_sb_encode(&sb, &in);
-		CHECK(tc_sb_decode(&sb, &out) == TC_SB_OK &&
-		      out.epoch == 1ull << k);
+		if (in.epoch >= TC_SB_COUNTER_LIMIT)
+			CHECK(tc_sb_decode(&sb, &out) == TC_SB_BAD_FIELDS);
+		else
+			CHECK(tc_sb_decode(&sb, &out) == TC_SB_OK &&
+			      out.epoch == 1ull << k);
 	}
 }
 

@@ -47,6 +47,7 @@ MBLOCK = 4096               # bytes of a metadata block
 ENTRY_BYTES = 32
 ENTRIES_PER_MBLOCK = MBLOCK // ENTRY_BYTES
 MAX_SLOTS = 0xFFFFFFFF
+SB_COUNTER_LIMIT = 1 << 63          # commit_seq, epoch: below (TC_SB_COUNTER_LIMIT)
 
 # magic, version, csum, commit_seq, block_sectors, flags, nr_slots,
 # meta_start, data_start, origin_sectors, uuid, gen, pad, epoch, reserved
@@ -187,6 +188,7 @@ def _sb_fields_ok(sb, pad, reserved):
             and sb.origin_sectors
             and sb.data_start == data_start(sb.nr_slots, bs, sb.version)
             and not any(reserved) and not pad
+            and sb.commit_seq < SB_COUNTER_LIMIT and sb.epoch < SB_COUNTER_LIMIT
             and (sb.version > VERSION_V2 or not sb.epoch)
             and (sb.version != VERSION_V1 or not sb.gen))
 

@@ -201,6 +201,43 @@ def test_corrupt_superblock_or_entry_refused(stack):
     m.verify_device(tc2.path)
 
 
+def test_superblock_counters_that_would_wrap_refused(stack):
+    """A superblock whose commit sequence or epoch is 2^63 or more (with a
+    valid checksum) is refused at load, and nothing is written: a load
+    counts on from both.  From a commit sequence of 2^64 - 1 the next one
+    wraps to 0, every entry then reads as not yet committed and its dirty
+    data is dropped at the next load; with an epoch near 2^64 the dirty
+    entries are refused as not live, or no epoch can open and a flush waits
+    for ever.  The cache loads as before once the superblock is restored."""
+    origin = stack.slow(16 * MiB)
+    m = tclib.seeded_origin(origin.path, seed=851)
+    cache = stack.ram(4 * MiB)
+    tc = stack.tiercache(origin.path, cache, 8, "writeback")
+    write_blocks(tc.path, range(100, 120), m, "w")
+    tc.remove()
+    good = tclib.read_direct(cache, 0, B)
+    sb = tcdisk.decode_sb(good)
+    assert sb.ok and sb.commit_seq < 1000 and sb.epoch < 1000, sb
+    tbl = table(origin.path, cache, fmt=False)
+    for field, value in [("commit_seq", 2**64 - 1), ("commit_seq", 2**63),
+                         ("epoch", 2**64 - 1), ("epoch", 2**63)]:
+        f = sb._replace(**{field: value})
+        raw = tcdisk.encode_sb(f.nr_slots, f.block_sectors, f.commit_seq, f.origin_sectors,
+                               f.gen, f.uuid.encode(), version=f.version, flags=f.flags,
+                               epoch=f.epoch)
+        bad = raw + good[len(raw):]
+        assert tcdisk.decode_sb(bad).state == tcdisk.SB_BAD_FIELDS
+        tclib.write_direct(cache, 0, bad)
+        rc, log = try_create("tc-p-wrap", tbl)
+        assert rc != 0, f"{field} {value}: the cache was loaded"
+        assert "superblock fields out of range" in log, f"{field} {value}: {log}"
+        assert tclib.read_direct(cache, 0, B) == bad, f"{field}: the refusal wrote"
+    tclib.write_direct(cache, 0, good)
+    tc2 = stack.dm("tc-p-wrap", tbl, cls=tclib.TierCache)
+    assert tc2.status()["dirty"] == 20
+    m.verify_device(tc2.path)
+
+
 def _crash(stack):
     """A workload, then a power cut of the cache device: 300 blocks written
     and flushed, one FUA write, then 200 writes (100 rewrites, 100 new
