@@ -208,17 +208,26 @@ static int tc_dorder_cmp(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* Sort keys of the pending slots that stay in the order; their number. */
-static u32 tc_dorder_sort_pending(struct tc_dorder *d, u64 *keys)
+/* Drop the pending slots that are no longer dirty. */
+static void tc_dorder_compact_pending(struct tc_dorder *d)
 {
 	u32 i, n = 0;
 
 	for (i = 0; i < d->nr_pending; i++)
 		if (tc_dorder_keep(d, d->pending[i]))
-			keys[n++] = tc_slot_block(d->sl, d->pending[i]) <<
-				    TC_DORDER_IDX_BITS | i;
-	sort(keys, n, sizeof(*keys), tc_dorder_cmp, NULL);
-	return n;
+			d->pending[n++] = d->pending[i];
+	d->nr_pending = n;
+}
+
+/* Sort keys of the pending slots. */
+static void tc_dorder_sort_pending(struct tc_dorder *d, u64 *keys)
+{
+	u32 i;
+
+	for (i = 0; i < d->nr_pending; i++)
+		keys[i] = tc_slot_block(d->sl, d->pending[i]) <<
+			  TC_DORDER_IDX_BITS | i;
+	sort(keys, d->nr_pending, sizeof(*keys), tc_dorder_cmp, NULL);
 }
 
 /* The first index in [0, @hi) of the sorted part with a block above @b. */
@@ -258,21 +267,22 @@ static void tc_dorder_merge_keys(struct tc_dorder *d, const u64 *keys, u32 n)
 
 /*
  * One merge: the pending part (a tail a failed merge took over) or else
- * the tail.  -ENOMEM leaves the order as it was (what was taken over stays
- * pending and goes in at the next merge).
+ * the tail.  Clean slots are dropped first, so the sorted part grows only
+ * for the dirty ones.  -ENOMEM (it had to grow) leaves the dirty slots
+ * taken over pending: the next merge brings them in, and until then the
+ * walk does not see them.
  */
 static int tc_dorder_merge_once(struct tc_dorder *d, gfp_t gfp)
 {
-	u32 n;
-
 	if (!d->nr_pending)
 		tc_dorder_take_tail(d);
+	tc_dorder_compact(d, gfp);
+	tc_dorder_compact_pending(d);
 	if (tc_dorder_resize(d, d->nr_sorted + d->nr_pending, gfp))
 		return -ENOMEM;
-	tc_dorder_compact(d, gfp);
-	n = d->nr_pending ? tc_dorder_sort_pending(d, d->keys) : 0;
-	tc_dorder_merge_keys(d, d->keys, n);
-	d->nr_sorted += n;
+	tc_dorder_sort_pending(d, d->keys);
+	tc_dorder_merge_keys(d, d->keys, d->nr_pending);
+	d->nr_sorted += d->nr_pending;
 	d->nr_pending = 0;
 	/* give memory back once many were cleaned; failing is harmless */
 	tc_dorder_resize(d, d->nr_sorted, gfp);

@@ -979,6 +979,21 @@ static int tc_wb_merge(struct tc_cache *c)
 }
 
 /*
+ * The merge at the start of a pass, or within it.  One that failed (no
+ * memory to grow the order) leaves slots out of the walk: the pass still
+ * writes back what the walk sees, but the next one waits a while instead
+ * of starting at once.  Were the slots left out all that is left of the
+ * oldest epoch, each pass would find nothing, the epoch would not retire,
+ * and passes would follow each other for as long as memory stays short:
+ * a spin, perhaps on the rescuer the workqueue's other items need.
+ */
+static void tc_wb_merge_for_pass(struct tc_cache *c)
+{
+	if (tc_wb_merge(c))
+		set_bit(TC_FL_MERGE_NOMEM, &c->fl.bits);
+}
+
+/*
  * A full flush begins, after a merge that took every slot dirtied before:
  * it owes the origin each of them.
  */
@@ -1154,6 +1169,34 @@ static void tc_wb_later_work(struct work_struct *w)
 	tc_flush_kick(container_of(fl, struct tc_cache, fl));
 }
 
+/*
+ * The walk found nothing more: the pass is over once its requests are
+ * released (the last release requeues the engine: TC_PASS_LATER, as when
+ * the next pass is to start later, from a timer).  After a pass whose
+ * merge found no memory, the next one waits (tc_wb_merge_for_pass()).
+ */
+static enum tc_pass_next tc_wb_pass_over(struct tc_cache *c)
+{
+	struct tc_flush *fl = &c->fl;
+	enum tc_pass_next next;
+	bool nomem;
+
+	set_bit(TC_FL_PASS_END, &fl->bits);
+	smp_mb__after_atomic();		/* pairs with tc_wb_release() */
+	if (atomic_read(&fl->outstanding))
+		return TC_PASS_LATER;
+	clear_bit(TC_FL_PASS_END, &fl->bits);
+	next = tc_wb_end_pass(c);
+	nomem = test_and_clear_bit(TC_FL_MERGE_NOMEM, &fl->bits);
+	if (next == TC_PASS_IDLE)
+		return next;
+	if (nomem)
+		tc_wb_later(c, TC_WB_NOMEM_DELAY);
+	else if (next == TC_PASS_LATER)
+		tc_wb_later(c, 1);
+	return nomem ? TC_PASS_LATER : next;
+}
+
 static void tc_flush_work(struct work_struct *w)
 {
 	struct tc_cache *c = container_of(w, struct tc_cache, fl.work);
@@ -1177,7 +1220,7 @@ static void tc_flush_work(struct work_struct *w)
 			break;
 		/* a pass starts, or writers filled the tail */
 		if (!fl->cursor || tc_index_want_merge(c))
-			tc_wb_merge(c);
+			tc_wb_merge_for_pass(c);
 		if (atomic_read(&fl->inflight) >=
 		    READ_ONCE(c->val[TC_KEY_FLUSH_DEPTH]))
 			return;		/* a write completion requeues us */
@@ -1199,19 +1242,11 @@ static void tc_flush_work(struct work_struct *w)
 			continue;
 		}
 		if (!req) {
-			/* the pass is over once its requests are released */
-			set_bit(TC_FL_PASS_END, &fl->bits);
-			smp_mb__after_atomic();	/* pairs with tc_wb_release() */
-			if (atomic_read(&fl->outstanding))
-				return;	/* the last release requeues us */
-			clear_bit(TC_FL_PASS_END, &fl->bits);
-			next = tc_wb_end_pass(c);
+			next = tc_wb_pass_over(c);
 			if (next == TC_PASS_IDLE)
 				break;
-			if (next == TC_PASS_LATER) {
-				tc_wb_later(c, 1);
+			if (next != TC_PASS_AGAIN)
 				return;
-			}
 			cond_resched();
 			continue;
 		}

@@ -616,13 +616,13 @@ int tc_index_merge(struct tc_cache *c, gfp_t gfp, bool *fed)
 	WRITE_ONCE(ix->starved, false);
 	smp_mb();	/* the mark cleared, then the slot words read */
 	r = tc_dorder_merge(d, gfp);
-	if (r) {
-		/* nothing was dropped: the next merge must still try */
-		*fed = false;
+	if (r)
+		/*
+		 * It dropped the clean slots before it failed to grow (so the
+		 * writes parked for a slot may find one), but the dirty slots
+		 * taken over wait for the next merge, which must come.
+		 */
 		WRITE_ONCE(ix->cleaned, true);
-		if (starved)
-			WRITE_ONCE(ix->starved, true);
-	}
 	/* the gap counts from the end: a long merge is not followed at once */
 	WRITE_ONCE(ix->merged, jiffies);
 	return r;

@@ -140,6 +140,7 @@ enum tc_flush_bits {
 	TC_FL_RESV_READY,	/* the reservation holds its block */
 	TC_FL_EPOCH_WAIT,	/* writes or flushes wait for an epoch */
 	TC_FL_FLOOR_WAIT,	/* a pass waits for a commit (floor) */
+	TC_FL_MERGE_NOMEM,	/* a merge of this pass found no memory */
 };
 
 struct tc_flush {

@@ -645,6 +645,23 @@ static void dm_take_tail(struct dmodel *dm)
 }
 
 /*
+ * A failed stage: it dropped the clean slots of the sorted part and of
+ * the pending part before it failed to grow; the dirty ones stay pending.
+ */
+static void dm_stage_failed(struct dmodel *dm)
+{
+	u32 s;
+
+	dm->pend = 0;
+	for (s = 0; s < dm->n; s++) {
+		if ((dm->where[s] == W_SORTED || dm->where[s] == W_PENDING) &&
+		    !dm->dirty[s])
+			dm->where[s] = W_NONE;
+		dm->pend += dm->where[s] == W_PENDING;
+	}
+}
+
+/*
  * A merge: the pending part (if a failed merge left one) and then the
  * tail, or the tail alone.  An allocation failure stops it at the stage
  * that failed: the model tells which by the tail the order still has.
@@ -666,12 +683,12 @@ static void dm_merge(struct dmodel *dm, bool nomem)
 		if (two && !dm->d.nr_tail && dm->tail) {
 			/* the pending part went in, then the tail failed */
 			dm_stage_done(dm, W_PENDING);
+			expect += expect_tail;
 			dm_take_tail(dm);
-		} else {
-			expect = 0;
-			if (!two)
-				dm_take_tail(dm);
+		} else if (!two) {
+			dm_take_tail(dm);
 		}
+		dm_stage_failed(dm);
 	} else {
 		dm_stage_done(dm, two ? W_PENDING : W_TAIL);
 		if (two) {
