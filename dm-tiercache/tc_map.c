@@ -309,14 +309,18 @@ static enum tc_action tc_write_cow(struct tc_cache *c, struct bio *bio,
 	u32 slot;
 
 	tc_slot_wakes_mark(c, pb);
+	/*
+	 * The dirty order's tail is full: a merge makes room.  It cannot go
+	 * around the cache, so after a few merges it waits for writeback
+	 * like a write that found no slot.  Checked before a slot is taken,
+	 * which may evict a clean block (the tail may still fill between
+	 * the two: tc_insert() then refuses the slot).
+	 */
+	if (tc_index_tail_full(c))
+		return tc_order_wait(pb) ? TC_WAIT_ORDER : TC_WAIT_SLOT;
 	if (tc_alloc_slot(c, block, &slot))
 		return TC_WAIT_SLOT;
 	if (tc_insert(c, slot, block, true)) {
-		/*
-		 * The dirty order's tail is full: a merge makes room.  It
-		 * cannot go around the cache, so after a few merges it waits
-		 * for writeback like a write that found no slot.
-		 */
 		tc_free_slot(c, slot);
 		return tc_order_wait(pb) ? TC_WAIT_ORDER : TC_WAIT_SLOT;
 	}
