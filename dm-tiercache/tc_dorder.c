@@ -133,6 +133,7 @@ static bool tc_dorder_keep(struct tc_dorder *d, u32 s)
 		if (old & (BIT(TC_SF_DIRTY) << sh))
 			return true;
 	} while (!try_cmpxchg(w, &old, old & ~(BIT(TC_SF_QUEUED) << sh)));
+	d->nr_dropped++;
 	/* the last owner of a retired slot frees it (tc_slot_let_go()) */
 	if (!(old & ((BIT(TC_SF_VALID) | BIT(TC_SF_WB)) << sh)))
 		d->release(d->ctx, s);

@@ -56,6 +56,7 @@ struct tc_dorder {
 	u32 *pending;		/* the tail a failed merge took over */
 	u64 *keys;		/* a merge's sort keys, tail_cap of them */
 	u32 nr_pending;
+	u64 nr_dropped;		/* slots merges have dropped, ever */
 	void (*release)(void *ctx, u32 slot);
 	void *ctx;
 	/* the tail */

@@ -991,6 +991,8 @@ static void tc_wb_merge_for_pass(struct tc_cache *c)
 {
 	if (tc_wb_merge(c))
 		set_bit(TC_FL_MERGE_NOMEM, &c->fl.bits);
+	else	/* the walk sees every slot again */
+		clear_bit(TC_FL_MERGE_NOMEM, &c->fl.bits);
 }
 
 /*

@@ -597,6 +597,7 @@ int tc_index_merge(struct tc_cache *c, gfp_t gfp, bool *fed)
 	struct tc_index *ix = &c->ix;
 	struct tc_dorder *d = &ix->dorder;
 	bool starved = READ_ONCE(ix->starved);
+	u64 dropped;
 	int r;
 
 	*fed = starved;
@@ -615,14 +616,23 @@ int tc_index_merge(struct tc_cache *c, gfp_t gfp, bool *fed)
 	WRITE_ONCE(ix->cleaned, false);
 	WRITE_ONCE(ix->starved, false);
 	smp_mb();	/* the mark cleared, then the slot words read */
+	dropped = d->nr_dropped;
 	r = tc_dorder_merge(d, gfp);
-	if (r)
+	if (r) {
 		/*
-		 * It dropped the clean slots before it failed to grow (so the
-		 * writes parked for a slot may find one), but the dirty slots
-		 * taken over wait for the next merge, which must come.
+		 * The dirty slots taken over wait for the next merge, which
+		 * must come.  The clean ones it dropped before it failed to
+		 * grow can be had: only then are the writes parked for a
+		 * slot woken (each would find none and kick the engine again
+		 * at once, a loop for as long as memory stays short).
 		 */
 		WRITE_ONCE(ix->cleaned, true);
+		if (d->nr_dropped == dropped) {
+			*fed = false;
+			if (starved)
+				WRITE_ONCE(ix->starved, true);
+		}
+	}
 	/* the gap counts from the end: a long merge is not followed at once */
 	WRITE_ONCE(ix->merged, jiffies);
 	return r;

@@ -666,10 +666,22 @@ static void dm_stage_failed(struct dmodel *dm)
  * tail, or the tail alone.  An allocation failure stops it at the stage
  * that failed: the model tells which by the tail the order still has.
  */
+/* Slots in the order: sorted, pending or in the tail. */
+static u32 dm_in_order(struct dmodel *dm)
+{
+	u32 s, n = 0;
+
+	for (s = 0; s < dm->n; s++)
+		n += dm->where[s] != W_NONE;
+	return n;
+}
+
 static void dm_merge(struct dmodel *dm, bool nomem)
 {
 	bool two = dm->pend;
 	u32 s, before = dm->released, expect, expect_tail;
+	u32 in_order = dm_in_order(dm);
+	u64 dropped = dm->d.nr_dropped;
 	int r;
 
 	/* before the merge: its releases clear the model's retired marks */
@@ -699,6 +711,11 @@ static void dm_merge(struct dmodel *dm, bool nomem)
 	CHECK(dm->released - before == expect,
 	      "merge released %u slots, expected %u",
 	      dm->released - before, expect);
+	/* what tc_index_merge() tells the writes parked for a slot by */
+	CHECK(dm->d.nr_dropped - dropped == in_order - dm_in_order(dm),
+	      "merge counted %llu slots dropped, the model %u",
+	      (unsigned long long)(dm->d.nr_dropped - dropped),
+	      in_order - dm_in_order(dm));
 	CHECK(dm->d.nr_pending == dm->pend && dm->d.nr_tail == dm->tail,
 	      "merge left %u pending, %u in the tail; the model %u, %u",
 	      dm->d.nr_pending, dm->d.nr_tail, dm->pend, dm->tail);
