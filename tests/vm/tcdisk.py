@@ -376,6 +376,17 @@ def encode_entry(slot, block, dirty, seq, gen, epoch=0):
     return raw[:ENTRY_CSUM_OFF] + struct.pack("<I", crc32c(raw)) + raw[ENTRY_CSUM_OFF + 4:]
 
 
+def encode_sum(index, gen, bits):
+    """Summary block number @index of generation @gen with the bit numbers
+    @bits set, as tc_sum_seal writes it."""
+    raw = bytearray(MBLOCK)
+    for j in bits:
+        raw[16 + j // 8] |= 1 << (j % 8)
+    raw[:16] = SUM.pack(gen, index, 0, 0)
+    raw[SUM_CSUM_OFF:SUM_CSUM_OFF + 4] = struct.pack("<I", crc32c(bytes(raw)))
+    return bytes(raw)
+
+
 def downgrade(img, version):
     """The image @img (bytes from sector 0 to the device's end) of a version
     4 cache, rewritten as a cache of @version (2 or 3) with the same

@@ -51,6 +51,15 @@ def dirty_entries(cache):
     return [(s, e.block) for s, e in tcdisk.entries(raw, sb) if e.dirty]
 
 
+def poke(path, offset, data):
+    """Write @data at byte @offset, through the sectors that hold it."""
+    a = offset // 512 * 512
+    end = -(-(offset + len(data)) // 512) * 512
+    b = bytearray(tclib.read_direct(path, a, end - a))
+    b[offset - a:offset - a + len(data)] = data
+    tclib.write_direct(path, a, bytes(b))
+
+
 def flip(path, offset):
     b = bytearray(tclib.read_direct(path, offset // 512 * 512, 512))
     b[offset % 512] ^= 0x20
@@ -320,3 +329,66 @@ def test_offline_writeback_after_a_crash(stack):
                    cls=tclib.TierCache)
     assert tc2.status()["dirty"] == 0
     check(tc2.path, "through the cache after the offline writeback")
+
+
+def test_offline_writeback_cut_short_leaves_no_older_version_dirty(stack):
+    """tiercache writeback marks entries clean epoch by epoch, oldest first,
+    each epoch synced before the next: a run cut short (here the cache
+    device fails the write of one metadata block) never leaves a block's
+    newer version clean and an older one dirty, which the module would
+    load as the block's newest and serve.  Block 5 has versions in epochs
+    e, e+1 and e+3, block 6 in e and e+1, their newest in the first
+    metadata block; writes to the third fail."""
+    origin = stack.slow(16 * MiB)
+    m = tclib.seeded_origin(origin.path, seed=861)
+    ram = stack.ram(4 * MiB)
+    tc = stack.tiercache(origin.path, ram, 8, "writeback")
+    tc.remove()
+    sb = tcdisk.decode_sb(tclib.read_direct(ram, 0, B))
+    assert sb.ok and sb.sum_blocks and sb.nr_slots > 3 * tcdisk.ENTRIES_PER_MBLOCK, sb
+    e = sb.epoch
+    versions = [(0, 5, e + 3), (200, 5, e), (300, 5, e + 1), (3, 6, e + 1), (130, 6, e)]
+    data = {}
+    for slot, block, epoch in versions:
+        data[slot] = random.Random(f"v-{slot}").randbytes(B)
+        poke(ram, tcdisk.entry_offset(slot),
+             tcdisk.encode_entry(slot, block, True, sb.commit_seq, sb.gen, epoch))
+        tclib.write_direct(ram, (sb.data_start + slot * sb.block_sectors) * 512, data[slot])
+    mbs = {slot // tcdisk.ENTRIES_PER_MBLOCK for slot, _, _ in versions}
+    tclib.write_direct(ram, sb.sum_start * 512, tcdisk.encode_sum(0, sb.gen, mbs))
+    newest = {5: data[0], 6: data[3]}
+
+    # the third metadata block (slots 256-383) refuses writes
+    n = tclib.size_sectors(ram)
+    a = tcdisk.META_START + 2 * tcdisk.MBLOCK // 512
+    w = tcdisk.MBLOCK // 512
+    cache = stack.dm(stack._name("cut"), f"0 {a} linear {ram} 0\n"
+                     f"{a} {w} flakey {ram} {a} 0 3600 1 error_writes\n"
+                     f"{a + w} {n - a - w} linear {ram} {a + w}")
+    p = tclib.run([str(TOOL), "writeback", "--cache", cache.path, "--origin", origin.path],
+                  check=False)
+    assert p.returncode != 0, f"writeback did not fail\n{p.stdout}{p.stderr}"
+    cache.remove()
+
+    raw = tclib.read_direct(ram, tcdisk.META_START * 512, sb.entries_bytes)
+    left = {}
+    for slot, ent in tcdisk.entries(raw, sb):
+        if ent.dirty:
+            left.setdefault(ent.block, []).append(
+                [ep for s, _, ep in versions if s == slot][0])
+    for block in (5, 6):
+        was = sorted(ep for _, b, ep in versions if b == block)
+        now = sorted(left.get(block, []))
+        assert now == was[len(was) - len(now):], \
+            f"block {block}: dirty in epochs {now} of {was}: an older version dirty, a newer clean"
+    for block, want in newest.items():
+        tclib.compare(want, tclib.read_direct(origin.path, block * B, B), block * B,
+                      f"origin block {block} after the writeback")
+    # what the module loads serves the newest version of each block
+    tc2 = stack.dm("tc-p-cut", table(origin.path, ram, fmt=False), cls=tclib.TierCache)
+    for block, want in newest.items():
+        tclib.compare(want, tclib.read_direct(tc2.path, block * B, B), block * B,
+                      f"block {block} through the cache after the cut writeback")
+        m.data[block * B:(block + 1) * B] = want
+    tc2.flush()
+    m.verify_device(origin.path)
