@@ -231,6 +231,7 @@ def run_workload(tc, seed, regime):
     assert len(hist.writes) == hist.next_id - 1
     # a slow guest (a debug kernel beside other VMs) may not reach WRITES
     # in SECONDS: enough for every path, still
+    tclib.log(f"ordered race: {len(hist.writes)} writes in {SECONDS} s")
     assert len(hist.writes) >= WRITES // 6, f"only {len(hist.writes)} writes in {SECONDS} s"
     return hist
 
