@@ -1002,25 +1002,44 @@ fn epoch_image() -> Vec<u8> {
     disk::build_image_epochs(&epoch_sb(), CACHE_SECTORS, &epoch_entries(), epoch_fill)
 }
 
-/// An origin (in memory) that records its writes and syncs.
-struct RecOrigin {
+/// Writes (byte offset, data) and syncs (None), in order.
+type WriteLog = Vec<Option<(u64, Vec<u8>)>>;
+
+/// A device in memory that records its writes and syncs, and fails every
+/// write after the first `allow` (a crash or an IO error there).
+struct RecDev {
+    name: &'static str,
     data: std::cell::RefCell<Vec<u8>>,
-    /// (byte offset, length) of a write; None for a sync.
-    log: std::cell::RefCell<Vec<Option<(u64, usize)>>>,
+    log: std::cell::RefCell<WriteLog>,
+    allow: usize,
 }
 
-impl RecOrigin {
-    fn new() -> RecOrigin {
-        RecOrigin {
-            data: std::cell::RefCell::new(origin_image()),
+impl RecDev {
+    fn new(name: &'static str, data: Vec<u8>, allow: usize) -> RecDev {
+        RecDev {
+            name,
+            data: std::cell::RefCell::new(data),
             log: std::cell::RefCell::new(vec![]),
+            allow,
         }
+    }
+    /// An origin that takes every write.
+    fn origin() -> RecDev {
+        RecDev::new("origin", origin_image(), usize::MAX)
+    }
+    /// The log as (byte offset, length) of each write, None for a sync.
+    fn shape(&self) -> Vec<Option<(u64, usize)>> {
+        self.log
+            .borrow()
+            .iter()
+            .map(|w| w.as_ref().map(|(o, d)| (*o, d.len())))
+            .collect()
     }
 }
 
-impl ReadAt for RecOrigin {
+impl ReadAt for RecDev {
     fn name(&self) -> &str {
-        "origin"
+        self.name
     }
     fn size_bytes(&self) -> u64 {
         self.data.borrow().len() as u64
@@ -1030,10 +1049,17 @@ impl ReadAt for RecOrigin {
     }
 }
 
-impl disk::WriteAt for RecOrigin {
+impl disk::WriteAt for RecDev {
     fn write_at(&self, off: u64, data: &[u8]) -> Result<()> {
+        let mut log = self.log.borrow_mut();
+        if log.iter().flatten().count() >= self.allow {
+            return Err(Error::new(
+                Kind::Unreadable,
+                format!("{}: write failed", self.name),
+            ));
+        }
         self.data.borrow_mut()[off as usize..off as usize + data.len()].copy_from_slice(data);
-        self.log.borrow_mut().push(Some((off, data.len())));
+        log.push(Some((off, data.to_vec())));
         Ok(())
     }
     fn sync(&self) -> Result<()> {
@@ -1119,9 +1145,9 @@ fn writeback_plan_goes_epoch_by_epoch() {
     assert_eq!(epochs_note(&plan), "3 epochs, 5 to 65540");
     assert_eq!(epochs_note(&plan[1..2]), "epoch 6");
 
-    let origin = RecOrigin::new();
+    let origin = RecDev::origin();
     write_plan(&m, &origin, &sb, &plan).unwrap();
-    let log = origin.log.borrow().clone();
+    let log = origin.shape();
     assert_eq!(
         log,
         [
@@ -1354,9 +1380,9 @@ fn writeback_of_version_chains() {
             (103, vec![(5, 1)])
         ]
     );
-    let origin = RecOrigin::new();
+    let origin = RecDev::origin();
     write_plan(&m, &origin, &sb, &plan).unwrap();
-    let log = origin.log.borrow().clone();
+    let log = origin.shape();
     assert_power_cut_states(&log, &write_epochs(&plan));
     assert_eq!(
         log.iter().filter(|o| o.is_none()).count(),
@@ -1842,51 +1868,6 @@ fn version_3_image_has_no_summary() {
     assert_eq!(std::fs::read(&p).unwrap()[..512], img[..512]);
 }
 
-/// Writes (byte offset, data) and syncs (None), in order.
-type WriteLog = Vec<Option<(u64, Vec<u8>)>>;
-
-/// A cache image in memory that records its writes and syncs, and fails
-/// every write after the first `allow` (a crash or an IO error there).
-struct RecCache {
-    data: std::cell::RefCell<Vec<u8>>,
-    log: std::cell::RefCell<WriteLog>,
-    allow: usize,
-}
-
-impl ReadAt for RecCache {
-    fn name(&self) -> &str {
-        "cache"
-    }
-    fn size_bytes(&self) -> u64 {
-        self.data.borrow().len() as u64
-    }
-    fn read_at(&self, off: u64, len: usize) -> Result<Vec<u8>> {
-        Ok(self.data.borrow()[off as usize..off as usize + len].to_vec())
-    }
-}
-
-impl disk::WriteAt for RecCache {
-    fn write_at(&self, off: u64, data: &[u8]) -> Result<()> {
-        let mut log = self.log.borrow_mut();
-        if log.iter().flatten().count() >= self.allow {
-            return Err(Error::new(
-                Kind::Unreadable,
-                "cache: write failed".to_string(),
-            ));
-        }
-        self.data.borrow_mut()[off as usize..off as usize + data.len()].copy_from_slice(data);
-        log.push(Some((off, data.to_vec())));
-        Ok(())
-    }
-    fn sync(&self) -> Result<()> {
-        self.log.borrow_mut().push(None);
-        Ok(())
-    }
-    fn devno(&self) -> Option<(u32, u32)> {
-        None
-    }
-}
-
 /// Versions of blocks 5 and 6 in several epochs, their slots in another
 /// order than their epochs and in several metadata blocks (128 entries
 /// each): block 5's newest version sits in the first one.
@@ -1935,11 +1916,7 @@ fn mark_clean_goes_epoch_by_epoch_and_a_crash_leaves_the_newest_versions_dirty()
 
     // Whole: every write touches one epoch's entries, and a sync comes
     // between two epochs and after the last.
-    let all = RecCache {
-        data: std::cell::RefCell::new(img.clone()),
-        log: std::cell::RefCell::new(vec![]),
-        allow: usize::MAX,
-    };
+    let all = RecDev::new("cache", img.clone(), usize::MAX);
     mark_clean(&all, &sb, &plan).unwrap();
     assert!(dirty_epochs(&all.data.borrow(), &sb).is_empty());
     let log = all.log.borrow().clone();
@@ -1960,21 +1937,13 @@ fn mark_clean_goes_epoch_by_epoch_and_a_crash_leaves_the_newest_versions_dirty()
         assert_eq!(gone.len(), 1, "one write, one epoch: {gone:?}");
         epochs.push(gone[0]);
     }
-    let shape: Vec<Option<(u64, usize)>> = log
-        .iter()
-        .map(|w| w.as_ref().map(|(o, d)| (*o, d.len())))
-        .collect();
-    assert_power_cut_states(&shape, &epochs);
+    assert_power_cut_states(&all.shape(), &epochs);
 
     // Cut short after each write: a version still dirty is never older
     // than one marked clean (the module would load it as the newest).
     let writes = log.iter().flatten().count();
     for allow in 0..writes {
-        let c = RecCache {
-            data: std::cell::RefCell::new(img.clone()),
-            log: std::cell::RefCell::new(vec![]),
-            allow,
-        };
+        let c = RecDev::new("cache", img.clone(), allow);
         assert!(mark_clean(&c, &sb, &plan).is_err());
         let left = dirty_epochs(&c.data.borrow(), &sb);
         for (b, was) in &before {
