@@ -972,27 +972,25 @@ static int tc_wb_merge(struct tc_cache *c)
 			       &fed);
 
 	memalloc_noio_restore(noio);
+	/*
+	 * A merge that failed (no memory to grow the order) leaves slots out
+	 * of the walk: the pass still writes back what the walk sees, but the
+	 * next one waits a while instead of starting at once
+	 * (tc_wb_pass_over()).  Were the slots left out all that is left of
+	 * the oldest epoch, each pass would find nothing, the epoch would not
+	 * retire, and passes would follow each other for as long as memory
+	 * stays short: a spin, perhaps on the rescuer the workqueue's other
+	 * items need.  The engine's own: a plain flag would do, but it lives
+	 * with the others.
+	 */
+	if (r)
+		set_bit(TC_FL_MERGE_NOMEM, &c->fl.bits);
+	else
+		clear_bit(TC_FL_MERGE_NOMEM, &c->fl.bits);
 	tc_wake_order_waiters(c);
 	if (fed)
 		tc_wake_wb_waiters(c);
 	return r;
-}
-
-/*
- * The merge at the start of a pass, or within it.  One that failed (no
- * memory to grow the order) leaves slots out of the walk: the pass still
- * writes back what the walk sees, but the next one waits a while instead
- * of starting at once.  Were the slots left out all that is left of the
- * oldest epoch, each pass would find nothing, the epoch would not retire,
- * and passes would follow each other for as long as memory stays short:
- * a spin, perhaps on the rescuer the workqueue's other items need.
- */
-static void tc_wb_merge_for_pass(struct tc_cache *c)
-{
-	if (tc_wb_merge(c))
-		set_bit(TC_FL_MERGE_NOMEM, &c->fl.bits);
-	else	/* the walk sees every slot again */
-		clear_bit(TC_FL_MERGE_NOMEM, &c->fl.bits);
 }
 
 /*
@@ -1175,7 +1173,7 @@ static void tc_wb_later_work(struct work_struct *w)
  * The walk found nothing more: the pass is over once its requests are
  * released (the last release requeues the engine: TC_PASS_LATER, as when
  * the next pass is to start later, from a timer).  After a pass whose
- * merge found no memory, the next one waits (tc_wb_merge_for_pass()).
+ * merge found no memory, the next one waits (tc_wb_merge()).
  */
 static enum tc_pass_next tc_wb_pass_over(struct tc_cache *c)
 {
@@ -1222,7 +1220,7 @@ static void tc_flush_work(struct work_struct *w)
 			break;
 		/* a pass starts, or writers filled the tail */
 		if (!fl->cursor || tc_index_want_merge(c))
-			tc_wb_merge_for_pass(c);
+			tc_wb_merge(c);
 		if (atomic_read(&fl->inflight) >=
 		    READ_ONCE(c->val[TC_KEY_FLUSH_DEPTH]))
 			return;		/* a write completion requeues us */

@@ -600,6 +600,15 @@ int tc_index_merge(struct tc_cache *c, gfp_t gfp, bool *fed)
 	u64 dropped;
 	int r;
 
+	/*
+	 * After a merge that found no memory (it left slots pending), not
+	 * again before TC_MERGE_FULL_GAP: each one walks every dirty slot,
+	 * and the engine would try at every request while memory is short.
+	 */
+	*fed = false;
+	if (d->nr_pending &&
+	    !time_after(jiffies, READ_ONCE(ix->merged) + TC_MERGE_FULL_GAP))
+		return -ENOMEM;
 	*fed = starved;
 	if (!READ_ONCE(d->nr_tail) && !d->nr_pending &&
 	    !READ_ONCE(ix->cleaned)) {
