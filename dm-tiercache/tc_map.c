@@ -858,6 +858,28 @@ static u64 tc_map_epoch(struct tc_epochs *e)
 	return tc_epoch_cur(e);
 }
 
+/* What a device below may change in a bio it completes (see tc_bio). */
+static void tc_bio_record(struct tc_bio *pb, struct bio *bio)
+{
+	pb->end_io = bio->bi_end_io;
+	pb->bi_flags = bio->bi_flags;
+	pb->remaining = atomic_read(&bio->__bi_remaining);
+}
+
+/*
+ * @bio came back from a device below and will be submitted again.  If
+ * that device split it, each part ended it once and its remaining count
+ * is now 0 (BIO_CHAIN cleared): split again without this, its first part
+ * to end would end it while the others are still in flight, and the last
+ * would end it a second time.
+ */
+static void tc_bio_restore(struct tc_bio *pb, struct bio *bio)
+{
+	bio->bi_end_io = pb->end_io;
+	bio->bi_flags = pb->bi_flags;
+	atomic_set(&bio->__bi_remaining, pb->remaining);
+}
+
 int tc_map(struct dm_target *ti, struct bio *bio)
 {
 	struct tc_target *t = ti->private;
@@ -865,6 +887,7 @@ int tc_map(struct dm_target *ti, struct bio *bio)
 	struct tc_bio *pb = dm_per_bio_data(bio, sizeof(struct tc_bio));
 	int r;
 
+	tc_bio_record(pb, bio);
 	pb->c = c;
 	pb->locked = false;
 	pb->run = NULL;
@@ -950,14 +973,14 @@ static bool tc_cache_failed(struct tc_bio *pb, struct bio *bio,
 
 	if (!error || !pb->to_cache)
 		return false;
-	if (bio_data_dir(bio) == READ) {
-		if (tc_run_dirty(c, pb)) {
-			/* the only copy: the error stands */
-			tc_cache_fail(c, blk_status_to_errno(error),
-				      "read of a dirty block");
-			return false;
-		}
-	} else {
+	if (bio_data_dir(bio) == READ && tc_run_dirty(c, pb)) {
+		/* the only copy: the error stands */
+		tc_cache_fail(c, blk_status_to_errno(error),
+			      "read of a dirty block");
+		return false;
+	}
+	tc_bio_restore(pb, bio);	/* before tc_io_work() may send it */
+	if (bio_data_dir(bio) == WRITE) {
 		tc_cache_fail(c, blk_status_to_errno(error), "write");
 		if (pb->run) {
 			/* to the origin whole, in tc_wrun_failed() */

@@ -414,6 +414,14 @@ struct tc_bio {
 	blk_status_t status;
 	blk_status_t cache_status;
 	struct bvec_iter iter;		/* as mapped, to send it again */
+	/*
+	 * As mapped too: a bio a device below completed (and may have split,
+	 * which leaves its remaining count at 0) is sent again only with
+	 * these restored (tc_bio_restore() in tc_map.c).
+	 */
+	bio_end_io_t *end_io;
+	unsigned long bi_flags;
+	int remaining;
 	struct tc_buf buf;		/* promotion, merge of a partial write:
 					 * the target's own copy of a block
 					 */
