@@ -261,54 +261,87 @@ static int tc_cache_other(struct tc_target *t, struct tc_cache *c,
 	return 0;
 }
 
-/* The state for table @t: the device's existing one, or a new one. */
-struct tc_cache *tc_cache_get(struct tc_target *t, char **error)
+/*
+ * Table @t attaches to @c, its device's state over the same cache device
+ * (a reload).  Called under tc_registry_lock.
+ */
+static int tc_cache_reuse(struct tc_target *t, struct tc_cache *c,
+			  char **error)
 {
-	struct mapped_device *md = dm_table_get_md(t->ti->table);
-	dev_t cdev = t->cache_dev->bdev->bd_dev;
-	struct tc_cache *c;
-	int r = 0;
+	int r = tc_cache_check_reload(c, t, error);
 
-	mutex_lock(&tc_registry_lock);
+	if (r)
+		return r;
+	if (t->args.mode == TC_MODE_PASSTHROUGH && tc_nr_dirty(c)) {
+		/* refused at load, so the live table keeps running */
+		*error = "Passthrough refused while blocks are dirty: flush first";
+		return -EBUSY;
+	}
+	refcount_inc(&c->ref);
+	/* passthrough resumes only over a clean cache: keep it so */
+	if (t->args.mode == TC_MODE_PASSTHROUGH && !t->hold)
+		tc_cache_hold(t, c);
+	return 0;
+}
+
+/*
+ * Look through every state for table @t: refuse what it may not share,
+ * hold the live state of its device if @t replaces that one's cache
+ * device (tc_cache_other()), and set @found to its device's state over
+ * the same cache device, if there is one.  Every state is seen, whatever
+ * the list's order: a state an inactive table created sits before the
+ * live one, and @t must hold the live one even if it reuses that state.
+ */
+static int tc_cache_scan(struct tc_target *t, struct mapped_device *md,
+			 dev_t cdev, struct tc_cache **found, char **error)
+{
+	struct tc_cache *c;
+	int r;
+
+	*found = NULL;
 	list_for_each_entry(c, &tc_registry, list) {
 		if (c->destroying) {
 			if (c->cache_dev != cdev)
 				continue;
 			*error = "The cache device is still being released by its previous table: try again";
-			r = -EBUSY;
-			goto out;
+			return -EBUSY;
 		}
 		if (c->creating && (c->md == md || c->cache_dev == cdev)) {
 			*error = "Another table of this device or cache device is being loaded";
-			r = -EBUSY;
-			goto out;
+			return -EBUSY;
 		}
 		if (c->md == md && c->cache_dev != cdev) {
 			r = tc_cache_other(t, c, error);
 			if (r)
-				goto out;
+				return r;
 			continue;
 		}
 		if (c->cache_dev != cdev)
 			continue;
 		if (c->md != md) {
 			*error = "Cache device is in use by another tiercache device";
-			r = -EBUSY;
-			goto out;
+			return -EBUSY;
 		}
-		r = tc_cache_check_reload(c, t, error);
-		if (!r && t->args.mode == TC_MODE_PASSTHROUGH &&
-		    tc_nr_dirty(c)) {
-			/* refused at load, so the live table keeps running */
-			*error = "Passthrough refused while blocks are dirty: flush first";
-			r = -EBUSY;
-		}
-		if (r)
-			goto out;
-		refcount_inc(&c->ref);
-		/* passthrough resumes only over a clean cache: keep it so */
-		if (t->args.mode == TC_MODE_PASSTHROUGH && !t->hold)
-			tc_cache_hold(t, c);
+		*found = c;
+	}
+	return 0;
+}
+
+/* The state for table @t: the device's existing one, or a new one. */
+struct tc_cache *tc_cache_get(struct tc_target *t, char **error)
+{
+	struct mapped_device *md = dm_table_get_md(t->ti->table);
+	dev_t cdev = t->cache_dev->bdev->bd_dev;
+	struct tc_cache *c;
+	int r;
+
+	mutex_lock(&tc_registry_lock);
+	r = tc_cache_scan(t, md, cdev, &c, error);
+	if (!r && c)
+		r = tc_cache_reuse(t, c, error);
+	if (r)
+		goto out;
+	if (c) {
 		mutex_unlock(&tc_registry_lock);
 		return c;
 	}
