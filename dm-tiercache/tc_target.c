@@ -42,15 +42,20 @@ static int tc_get_dev(struct dm_target *ti, const char *path,
 	return r;
 }
 
+/* Opens both devices; a failure to open one returns its error (EBUSY...). */
 static int tc_get_devices(struct dm_target *ti, struct tc_target *t)
 {
-	if (tc_get_dev(ti, t->args.origin_path, "origin", &t->origin)) {
+	int r;
+
+	r = tc_get_dev(ti, t->args.origin_path, "origin", &t->origin);
+	if (r) {
 		ti->error = "Cannot open the origin device";
-		return -EINVAL;
+		return r;
 	}
-	if (tc_get_dev(ti, t->args.cache_path, "cache", &t->cache_dev)) {
+	r = tc_get_dev(ti, t->args.cache_path, "cache", &t->cache_dev);
+	if (r) {
 		ti->error = "Cannot open the cache device";
-		return -EINVAL;
+		return r;
 	}
 	if (t->origin->bdev->bd_dev == t->cache_dev->bdev->bd_dev) {
 		ti->error = "The origin and the cache must be different devices";
@@ -458,6 +463,8 @@ static int tc_iterate_devices(struct dm_target *ti,
 static struct target_type tc_target_type = {
 	.name = "tiercache",
 	.version = { 1, 0, 0 },
+	/* one cache state per mapped device (tc_cache.c's registry) */
+	.features = DM_TARGET_SINGLETON,
 	.module = THIS_MODULE,
 	.ctr = tc_ctr,
 	.dtr = tc_dtr,
