@@ -194,10 +194,6 @@ static int tc_cache_create(struct tc_cache *c, struct tc_target *t,
 		return r;
 	c->data_start = c->meta.layout.data_start;
 	c->meta_loaded = true;
-	if (t->args.mode == TC_MODE_PASSTHROUGH && tc_nr_dirty(c)) {
-		*error = "Passthrough refused: the cache device holds dirty blocks (load it in writeback mode and flush first)";
-		return -EBUSY;
-	}
 	return 0;
 }
 

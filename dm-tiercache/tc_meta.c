@@ -1102,6 +1102,11 @@ static int tc_meta_load(struct tc_cache *c, struct tc_target *t,
 	r = tc_meta_load_entries(c, error);
 	if (r)
 		return r;
+	/* refused before the load's commit: a refusal writes nothing */
+	if (t->args.mode == TC_MODE_PASSTHROUGH && tc_nr_dirty(c)) {
+		*error = "Passthrough refused: the cache device holds dirty blocks (load it in writeback mode and flush first)";
+		return -EBUSY;
+	}
 	/* keep the stored identity unless this table names one */
 	if (!m->uuid[0])
 		memcpy(m->uuid, i->uuid, sizeof(m->uuid));
