@@ -792,6 +792,24 @@ static int tc_meta_commit_last(struct tc_cache *c)
 	return r;
 }
 
+/*
+ * commit_ms was set: a commit already waiting for its timer waits no
+ * longer than the new value from now (a shorter value would otherwise
+ * take effect only after a long one ran out).
+ */
+void tc_meta_commit_ms_changed(struct tc_cache *c)
+{
+	struct tc_meta *m = &c->meta;
+	unsigned long delay = msecs_to_jiffies(READ_ONCE(c->val[TC_KEY_COMMIT_MS]));
+
+	/* under the lock: a suspend then finds the timer and cancels it */
+	spin_lock_irq(&m->lock);
+	if (!m->suspended && delayed_work_pending(&m->timer_work) &&
+	    time_before(jiffies + delay, READ_ONCE(m->timer_work.timer.expires)))
+		mod_delayed_work(c->wq, &m->timer_work, delay);
+	spin_unlock_irq(&m->lock);
+}
+
 /* The device is suspended: commit what changed, then nothing more. */
 void tc_meta_suspend(struct tc_cache *c)
 {

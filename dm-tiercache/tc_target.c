@@ -261,6 +261,7 @@ static int tc_set(struct tc_target *t, const char *key, const char *value)
 	memcpy(t->val, val, sizeof(val));
 	for (k = 0; k < TC_NR_KEYS; k++)
 		WRITE_ONCE(c->val[k], val[k]);
+	tc_meta_commit_ms_changed(c);
 	tc_flush_check_watermark(c);
 	tc_flush_kick(c);
 	/* writes parked for older versions may go now (ordered 0, say) */

@@ -489,6 +489,7 @@ void tc_meta_queue_bio(struct tc_cache *c, struct bio *bio);
 void tc_meta_kick(struct tc_cache *c);
 int tc_meta_commit(struct tc_cache *c);
 void tc_meta_commit_floor(struct tc_cache *c);
+void tc_meta_commit_ms_changed(struct tc_cache *c);
 void tc_meta_suspend(struct tc_cache *c);
 void tc_meta_resume(struct tc_cache *c);
 
