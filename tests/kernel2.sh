@@ -48,12 +48,13 @@ fi
 # writeback at 4 KiB, fio's mixed sizes), suspend and reload under IO
 # (test_50), a cache write error's completion (test_70), metadata IO
 # across remove, module reload and crash (test_80), a bio trimmed in the
-# map function (a FUA write run, test_88) and FUA ordering
-# (test_98_epochs).  Everything else tests the module's own logic, the
+# map function (a FUA write run, test_88), a bio split below, failed and
+# sent again (test_93_review_e: the block layer's chain count) and FUA
+# ordering (test_98_epochs).  Everything else tests the module's own logic, the
 # same on both kernels, and runs on 6.1 only: both lanes, one after the
 # other, must fit CI's 90 minutes (this selection: about 4 minutes in the
 # VM).
-TESTS2=${TESTS2:-"test_dm_delay_stat_oracle or test_module_load_unload or (test_one_bio_one_count and writeback) or (test_model_integrity and wb-4k]) or (test_fio_verify and mixed) or test_fio_with_flush_suspend_reload or (test_70 and test_cache_write_error) or test_dirty_blocks_survive_remove or test_crash_keeps_exactly or test_fua_run_is_one_bio or test_ordered_fua_write_ends_its_epoch"}
+TESTS2=${TESTS2:-"test_dm_delay_stat_oracle or test_module_load_unload or (test_one_bio_one_count and writeback) or (test_model_integrity and wb-4k]) or (test_fio_verify and mixed) or test_fio_with_flush_suspend_reload or (test_70 and test_cache_write_error) or test_dirty_blocks_survive_remove or test_crash_keeps_exactly or test_fua_run_is_one_bio or test_split_read_run_taken_back_ends_once or test_ordered_fua_write_ends_its_epoch"}
 # with TC_CRASH=1: one crash run (the ordered policy, the 1 s commit timer)
 export TC_CRASH_COMMIT_MS=${TC_CRASH_COMMIT_MS:-1000:ordered}
 say "kernel $KVER2: tests $TESTS2"
