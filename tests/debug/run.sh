@@ -88,7 +88,7 @@ export TC_VM_TIMEOUT=${TC_VM_TIMEOUT:-14400} TC_PYTEST_TIMEOUT=${TC_PYTEST_TIMEO
 rc=0
 # a guest kernel tainted at boot, before the module (inside.sh), runs no
 # test: boot again, up to TC_DEBUG_BOOTS times
-export TC_GUEST_ENV="${TC_GUEST_ENV:-} TC_BOOT_CLEAN TC_ORACLE_FSCK_EVERY TC_BADTABLE_ROUNDS TC_RACE_D TC_HOLD_MS TC_ORDER_SECONDS"
+export TC_GUEST_ENV="${TC_GUEST_ENV:-} TC_BOOT_CLEAN TC_ORACLE_FSCK_EVERY TC_BADTABLE_ROUNDS TC_RACE_D TC_HOLD_MS TC_ORDER_SECONDS TC_FIO_START_S"
 export TC_BOOT_CLEAN=1
 # TC_DEBUG_RESUME=1: skip the tests the ledger holds (a list longer than
 # one sitting runs in parts; the report of each part must be clean)
@@ -112,6 +112,9 @@ export TC_HOLD_MS=${TC_HOLD_MS:-15000}
 # test_98_ordered_race: 120 s of writes, not 60 (its premise of 1000
 # writes was missed with 807 in 60 s here, beside two other VMs)
 export TC_ORDER_SECONDS=${TC_ORDER_SECONDS:-120}
+# test_91's read-hot writer and test_93's same-block writers: fio's jobs may
+# take 300 s, not 30-45, to get going (both timed out here beside a VM)
+export TC_FIO_START_S=${TC_FIO_START_S:-300}
 for boot in $(seq 1 "${TC_DEBUG_BOOTS:-3}"); do
 	rc=0
 	out=$(mktemp)

@@ -103,6 +103,16 @@ class BgCmd:
             self.p.kill()
 
 
+# How long a test may wait for fio to get going (its jobs started, its IO
+# counted): at least the test's own figure, or TC_FIO_START_S if longer
+# (tests/debug/run.sh: fio's start takes minutes on the debug kernel).
+FIO_START_S = float(os.environ.get("TC_FIO_START_S", "0"))
+
+
+def fio_start_s(seconds):
+    return max(seconds, FIO_START_S)
+
+
 def start_fio(cmd):
     """A command (fio) in the background, logged; stdout and stderr kept."""
     tclib.log("$ " + " ".join(cmd) + " &")

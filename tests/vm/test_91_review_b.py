@@ -22,8 +22,8 @@ import time
 import pytest
 
 import tclib
-from faults import (Bg, find_in_device, linear_with_error, named_nullb, rnd, start_fio,
-                    stop_fio, swap, wait_until)
+from faults import (Bg, find_in_device, fio_start_s, linear_with_error, named_nullb, rnd,
+                    start_fio, stop_fio, swap, wait_until)
 from tclib import MiB
 
 pytestmark = [pytest.mark.module, pytest.mark.usefixtures("tc_module")]
@@ -600,7 +600,7 @@ def test_writer_not_starved_by_readers(stack):
     w = None
     try:
         h0 = tc.status()["read_hits"]
-        wait_until(lambda: tc.status()["read_hits"] >= h0 + 100, 30,
+        wait_until(lambda: tc.status()["read_hits"] >= h0 + 100, fio_start_s(30),
                    "fio's reads to flow")
 
         def writes():

@@ -29,9 +29,9 @@ import time
 import pytest
 
 import tclib
-from faults import (BgCmd, committed_dirty, dirty_tiercache, find_in_device, fsync_path,
-                    linear_with_error, load_table, rnd, start_fio, stop_fio, swap,
-                    wait_until)
+from faults import (BgCmd, committed_dirty, dirty_tiercache, fio_start_s, find_in_device,
+                    fsync_path, linear_with_error, load_table, rnd, start_fio, stop_fio,
+                    swap, wait_until)
 from tclib import MiB
 
 pytestmark = [pytest.mark.module, pytest.mark.usefixtures("tc_module")]
@@ -94,7 +94,7 @@ def test_full_flush_ends_under_same_block_writers(stack):
     overlap = 0
     try:
         wh0 = st0["write_hits"]
-        wait_until(lambda: tc.status()["write_hits"] >= wh0 + 16, 45,
+        wait_until(lambda: tc.status()["write_hits"] >= wh0 + 16, fio_start_s(45),
                    "fio's rewrites of block X to flow", step=0.05)
         overlap = wait_until(lambda: inflight_writes(tc.path) >= 2 and
                              inflight_writes(tc.path), 10,
