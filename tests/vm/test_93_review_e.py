@@ -99,6 +99,8 @@ def test_split_read_run_taken_back_ends_once(stack):
         got = tclib.read_direct(tc.path, first * B, MiB)
         tclib.compare(m.data[first * B:first * B + MiB], got, first * B,
                       f"read {n + 1} of the run, taken back from the failing cache")
+    # (the first of its lines is not rate-limited: no earlier test printed
+    # any within the last 5 s, this stack's set-up takes longer)
     assert any("cache device error on block 1024" in ln for ln in cur.lines()), \
         "the run was not taken back from the failing cache device"
     _log_clean(cur, "after 20 taken-back split reads")
@@ -122,8 +124,8 @@ def test_split_block_write_taken_back_ends_once(stack):
     data = rnd("s2-write", MiB)
     dd_write(tc.path, blk * MiB, data, prefix="tc-s2")
     m.data[blk * MiB:(blk + 1) * MiB] = data
-    assert any("cache device error" in ln for ln in cur.lines()), \
-        "the write was not taken back from the failing cache device"
+    # taken back: the failed state latched, nothing dirty (the log line
+    # saying so is rate-limited, and the test before may have used it up)
     st = tc.status()
     assert st["cache_failed"] != 0 and st["dirty"] == 0, st["raw"]
     got = tclib.read_direct(tc.origin, blk * MiB, MiB)
