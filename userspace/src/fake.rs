@@ -45,6 +45,11 @@ pub struct Sim {
     /// Print only the first this many status fields (an older module).
     pub nr_fields: Option<usize>,
     pub msgs: Vec<String>,
+    /// A full flush already running ends (and counts) once dirty is down to
+    /// this many (0: when nothing is dirty).
+    pub end_at_dirty: u64,
+    /// A flush was asked for while one ran: the target starts it after.
+    pub pending_full: bool,
 }
 
 impl Sim {
@@ -70,6 +75,8 @@ impl Sim {
             epochs: None,
             nr_fields: None,
             msgs: vec![],
+            end_at_dirty: 0,
+            pending_full: false,
         }
     }
 
@@ -129,6 +136,15 @@ impl Sim {
             self.wb_blocks += n;
             self.wb_requests += n.div_ceil(256).max(if n > 0 { 1 } else { 0 });
             self.wb_sectors += n * self.block_size as u64;
+            if self.state == "flushing" && self.end_at_dirty > 0 && self.dirty <= self.end_at_dirty {
+                self.flushes += 1;
+                self.end_at_dirty = 0;
+                if !self.pending_full {
+                    self.state = "idle";
+                }
+                self.pending_full = false;
+                return true;
+            }
             if self.dirty == 0 && self.state == "flushing" {
                 self.state = "idle";
                 self.flushes += 1;
@@ -414,6 +430,9 @@ impl Dm for FakeDm {
         sim.msgs.push(msg.into());
         match msg {
             "flush" => {
+                if sim.state == "flushing" {
+                    sim.pending_full = true;
+                }
                 sim.state = "flushing";
             }
             "cleaner on" => sim.cleaner = true,

@@ -935,7 +935,22 @@ impl<'a> Ctx<'a> {
     /// Full flush, waiting for its end; progress on stderr.
     pub fn flush_wait(&self, name: &str, o: FlushOpts) -> Result<FlushSummary> {
         let cd = self.cache_dev(name)?;
+        if cd.info.suspended {
+            // The target writes nothing back while suspended: the wait
+            // would never end.
+            return Err(failure(format!(
+                "{name}: the device is suspended: a flush cannot run until it is resumed"
+            ))
+            .hint(format!(
+                "resume it ('dmsetup resume {name}'), then run the command again"
+            )));
+        }
         let st0 = cd.status.clone();
+        // A full flush already running ends first, and counts; the target
+        // keeps this request and starts ours after it: two more then.
+        let want_flushes = st0.flushes.saturating_add(
+            if st0.flush_state == FlushState::Flushing { 2 } else { 1 },
+        );
         let ev0 = cd.info.event_nr;
         let t0 = self.host.now();
         let bb = st0.block_bytes();
@@ -974,7 +989,7 @@ impl<'a> Ctx<'a> {
             // nothing is dirty any more (blocks are only marked clean after
             // the origin acknowledged a cache flush, so what was dirty when
             // we started is on the origin).
-            if st.flushes > st0.flushes
+            if st.flushes >= want_flushes
                 || (st.dirty_blocks == 0 && st.flush_state != FlushState::Flushing)
             {
                 break Ok(st);
@@ -1067,6 +1082,25 @@ impl<'a> Ctx<'a> {
         Ok(n)
     }
 
+    /// Resume `name` after a step that gave up with `e`; if that fails,
+    /// `e` says the device is left suspended.
+    fn resume_after(&self, name: &str, e: Error) -> Error {
+        match self.dm.resume(name) {
+            Ok(()) => e,
+            Err(r) => self.left_suspended(name, e, &r),
+        }
+    }
+
+    fn left_suspended(&self, name: &str, e: Error, r: &Error) -> Error {
+        let msg = format!(
+            "{}; and /dev/mapper/{name} is left suspended: resuming it failed ({})",
+            e.msg, r.msg
+        );
+        Error::new(e.kind, msg).hint(format!(
+            "IO to it waits until it is resumed: try 'dmsetup resume {name}'"
+        ))
+    }
+
     /// Suspend `name`, check what it holds, remove it; returns the status
     /// it had once suspended.  Nothing new can arrive while suspended: the
     /// dirty count checked is the one dropped.  A udev probe queued before
@@ -1086,23 +1120,25 @@ impl<'a> Ctx<'a> {
                 }
             };
             if st.dirty_blocks > 0 && !force {
-                let _ = self.dm.resume(name);
                 let what = format!(
                     "{name}: refusing to remove: the cache holds {} of dirty data ({} blocks) not yet on the origin",
                     fmt_bytes(st.dirty_bytes()),
                     st.dirty_blocks
                 );
-                return Err(Error::new(Kind::Dirty, what).hint(format!(
+                let e = Error::new(Kind::Dirty, what).hint(format!(
                     "run 'tiercache flush --wait {name}' (or drop the --no-flush), or pass --force to remove it anyway (the dirty data stays on the cache device, not on the origin)"
-                )));
+                ));
+                return Err(self.resume_after(name, e));
             }
             let e = match self.dm.remove(name) {
                 Ok(()) => return Ok(st),
                 Err(e) => e,
             };
-            let _ = self.dm.resume(name);
             if e.kind != Kind::Busy || attempt == ATTEMPTS {
-                return Err(e);
+                return Err(self.resume_after(name, e));
+            }
+            if let Err(r) = self.dm.resume(name) {
+                return Err(self.left_suspended(name, e, &r));
             }
             attempt += 1;
             let info = self.dm.info(name)?.ok_or_else(|| e.clone())?;

@@ -2475,3 +2475,48 @@ fn a_refused_load_is_explained_from_the_entries() {
         e.msg
     );
 }
+
+/// A full flush already runs when `flush --wait` asks for one: the
+/// running one ends first (and counts), the target then starts the one
+/// asked for.  The wait must last until that one ends, not the older one
+/// (which returned with blocks dirtied since it began still dirty).
+#[test]
+fn flush_wait_waits_for_its_own_flush_behind_a_running_one() {
+    let t = T::new();
+    t.cached("c", 300);
+    t.dm.with("c", |d| {
+        let s = d.sim.as_mut().unwrap();
+        s.state = "flushing";
+        s.flushes = 1;
+        s.end_at_dirty = 150;
+    });
+    t.ctx().flush("c", true, quiet()).unwrap();
+    let (dirty, state, flushes) = t.dm.with("c", |d| {
+        let s = d.sim.as_ref().unwrap();
+        (s.dirty, s.state, s.flushes)
+    });
+    assert_eq!(
+        (dirty, state, flushes),
+        (0, "idle", 3),
+        "flush --wait returned at the end of the flush that was running before it asked"
+    );
+}
+
+/// A suspended device writes nothing back: `remove` (and `flush --wait`,
+/// `detach`) say so at once instead of waiting for ever for a flush.
+#[test]
+fn flush_wait_refuses_a_suspended_device() {
+    let t = T::new();
+    t.cached("c", 500);
+    t.dm.with("c", |d| d.info.suspended = true);
+    let o = FlushOpts {
+        timeout: Some(60.0),
+        progress: ProgressMode::Quiet,
+    };
+    let e = t.ctx().remove("c", false, false, o).unwrap_err();
+    assert_ne!(e.kind, Kind::Timeout, "{}", e.msg);
+    assert!(e.msg.contains("is suspended"), "{}", e.msg);
+    assert!(e.hint.as_deref().unwrap_or("").contains("dmsetup resume c"));
+    assert!(!t.log().contains(&"message c flush".to_string()), "{:?}", t.log());
+}
+
