@@ -714,6 +714,10 @@ impl Host for FakeHost {
 
 #[derive(Default)]
 pub struct FakeLvm {
+    /// The process dies (panics) at the first unmark of a tag.
+    pub die_on_unmark: Cell<bool>,
+    /// `lvs` fails (a lock timeout, say).
+    pub fail_all: Cell<bool>,
     pub lvs: RefCell<Vec<LvInfo>>,
     pub log: RefCell<Vec<String>>,
     /// Device number an LV gets when activated.
@@ -759,6 +763,9 @@ impl Lvm for FakeLvm {
             .cloned())
     }
     fn all(&self) -> Result<Vec<LvInfo>> {
+        if self.fail_all.get() {
+            return Err(failure("lvs: lock timeout"));
+        }
         Ok(self.lvs.borrow().clone())
     }
     fn activate(&self, vg: &str, lv: &str) -> Result<()> {
@@ -787,6 +794,9 @@ impl Lvm for FakeLvm {
         self.log
             .borrow_mut()
             .push(format!("mark {vg}/{lv} {tag} {on}"));
+        if !on && self.die_on_unmark.get() {
+            panic!("killed");
+        }
         let mut lvs = self.lvs.borrow_mut();
         let l = lvs
             .iter_mut()

@@ -1720,13 +1720,15 @@ impl<'a> Ctx<'a> {
         Ok(())
     }
 
-    fn lv_of(&self, dev: &str) -> Option<LvInfo> {
-        let d = parse_devno(dev)?;
-        self.lvm
-            .all()
-            .ok()?
-            .into_iter()
-            .find(|l| l.devno == Some(d))
+    /// The LVs of `devs` (None for a device that is no LV).  An `lvs`
+    /// that fails is an error: taken for "no LV", a detach would leave the
+    /// origin LV tagged and skipped at activation, silently.
+    fn lvs_of<const N: usize>(&self, devs: [&str; N]) -> Result<[Option<LvInfo>; N]> {
+        let all = self.lvm.all()?;
+        Ok(devs.map(|dev| {
+            let d = parse_devno(dev)?;
+            all.iter().find(|l| l.devno == Some(d)).cloned()
+        }))
     }
 
     /// Wait until the cleaner has drained every dirty block.
@@ -1765,8 +1767,7 @@ impl<'a> Ctx<'a> {
         let cd = self.cache_dev(name)?;
         let origin_dev = cd.table.origin.clone();
         let cache_dev = cd.table.cache.clone();
-        let origin_lv = self.lv_of(&origin_dev);
-        let cache_lv = self.lv_of(&cache_dev);
+        let [origin_lv, cache_lv] = self.lvs_of([origin_dev.as_str(), cache_dev.as_str()])?;
         if mode == DetachCache::Uncache && cache_lv.is_none() {
             return Err(usage(format!(
                 "{name}: --uncache removes the cache LV, but the cache {} is not a logical volume",
@@ -1976,8 +1977,17 @@ impl<'a> Ctx<'a> {
         let origin_dev = cd.table.origin.clone();
         let cache_dev = cd.table.cache.clone();
         let cache_name = self.describe(&cache_dev);
-        let origin_lv = self.lv_of(&origin_dev);
-        let cache_lv = self.lv_of(&cache_dev);
+        // An emergency path: a failing `lvs` (a dead PV) does not stop it.
+        let [origin_lv, cache_lv] = self
+            .lvs_of([origin_dev.as_str(), cache_dev.as_str()])
+            .unwrap_or_else(|e| {
+                errln!(
+                    self,
+                    "tiercache: warning: {name}: lvs failed ({}): the tiercache tags of its logical volumes, if any, are left in place ('lvchange --deltag')",
+                    e.msg
+                );
+                [None, None]
+            });
         let dirty = |n: u64| {
             format!(
                 "{n} dirty {} ({})",
@@ -2079,12 +2089,16 @@ impl<'a> Ctx<'a> {
             still_suspended = self.abandon_resume_failed(&cd, e)?;
         }
 
-        let mut warn = vec![];
-        self.unmark_released(name, origin_lv.as_ref(), cache_lv.as_ref(), &mut warn);
-        // Marked before an --uncache removes the LV: a new LV on the same
+        // Marked first, at once: the origin takes writes through the linear
+        // table from now on, and until the mark a table without `format`
+        // (the boot's `activate`, if the configuration still lists the
+        // device) would load the cache's dirty blocks over them.  Marked
+        // before an --uncache removes the LV too: a new LV on the same
         // extents must not find a loadable superblock there either.  If
         // it cannot be marked, the LV is kept for a retry.
         let mark = self.mark_abandoned(&cd, cache_lv.as_ref());
+        let mut warn = vec![];
+        self.unmark_released(name, origin_lv.as_ref(), cache_lv.as_ref(), &mut warn);
         let mode = match (&mark, cache_lv.as_ref()) {
             (Err(_), Some(l)) if mode == DetachCache::Uncache => {
                 errln!(

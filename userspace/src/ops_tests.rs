@@ -2520,3 +2520,62 @@ fn flush_wait_refuses_a_suspended_device() {
     assert!(!t.log().contains(&"message c flush".to_string()), "{:?}", t.log());
 }
 
+/// `detach --abandon` killed once the linear table is in, before it
+/// removes the LV tags and the configuration entry: the superblock must
+/// already be marked failed, so that the boot's `activate` does not load
+/// the cache's stale dirty blocks over what the origin took since.
+#[test]
+fn abandon_marks_the_cache_before_it_touches_tags_and_configuration() {
+    let t = T::new();
+    attach(&t);
+    t.image("/dev/vg/fast", &Meta::new("slow", FAST, SLOW).dirty(3));
+    fail_cache(&t, "slow", 3, -5);
+    t.lvm.die_on_unmark.set(true);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = t.ctx().abandon("slow", DetachCache::Split, true, false);
+    }));
+    assert!(r.is_err(), "the fake did not kill the abandon at the unmark");
+    t.lvm.die_on_unmark.set(false);
+    assert!(matches!(
+        t.ctx().classify("slow").unwrap(),
+        Some(DevKind::Detached { .. })
+    ));
+    assert!(t.host.files.borrow()[CONF].contains("vg/slow"));
+    assert!(
+        sb_of(&t, "/dev/vg/fast").failed(),
+        "killed after the swap, the cache's superblock is not marked failed"
+    );
+    // A reboot: no dm devices, the cache device answers again.
+    t.dm.devs.borrow_mut().clear();
+    t.dm.log.borrow_mut().clear();
+    let _ = t.ctx().activate(true, &[], false);
+    assert!(
+        !t.log()
+            .iter()
+            .any(|l| l.starts_with("load slow") && l.contains("tiercache") && !l.contains("format")),
+        "the boot loads the abandoned cache: {:?}",
+        t.log()
+    );
+}
+
+/// `lvs` fails when `detach` starts: nothing is changed (before, the
+/// detach went on taking both devices for no LV, and left the origin LV
+/// tagged and skipped at activation with its configuration entry gone).
+#[test]
+fn detach_with_lvs_failing_changes_nothing() {
+    let t = T::new();
+    attach(&t);
+    t.dm.log.borrow_mut().clear();
+    t.lvm.fail_all.set(true);
+    let e = t.ctx().detach("slow", DetachCache::Split, quiet()).unwrap_err();
+    t.lvm.fail_all.set(false);
+    assert!(e.msg.contains("lvs"), "{}", e.msg);
+    assert!(t.log().is_empty(), "dm calls after lvs failed: {:?}", t.log());
+    let o = t.lvm.get("vg", "slow");
+    assert!(o.has_tag(TAG_ORIGIN) && o.skip_activation);
+    assert!(t.host.files.borrow()[CONF].contains("vg/slow"));
+    assert!(matches!(
+        t.ctx().classify("slow").unwrap(),
+        Some(DevKind::Cached(_))
+    ));
+}
