@@ -99,6 +99,12 @@ fn ioctl_errno(e: &devicemapper::DmError) -> Option<i32> {
 /// Map a crate error to ours, naming the device and the operation.
 fn map_err(e: devicemapper::DmError, name: &str, op: &str) -> Error {
     match ioctl_errno(&e) {
+        // the target could not open a device its table names
+        Some(n @ (libc::ENXIO | libc::ENODEV)) if op == "table load" => not_found(format!(
+            "{name}: {op} failed: a device the table names does not exist ({})",
+            errno_name(n)
+        ))
+        .hint("check the origin and cache device paths ('lsblk')"),
         Some(libc::ENXIO) | Some(libc::ENODEV) => {
             not_found(format!("{name}: no such device-mapper device"))
                 .hint("'tiercache list' shows the cached devices")
