@@ -136,7 +136,8 @@ impl Sim {
             self.wb_blocks += n;
             self.wb_requests += n.div_ceil(256).max(if n > 0 { 1 } else { 0 });
             self.wb_sectors += n * self.block_size as u64;
-            if self.state == "flushing" && self.end_at_dirty > 0 && self.dirty <= self.end_at_dirty {
+            if self.state == "flushing" && self.end_at_dirty > 0 && self.dirty <= self.end_at_dirty
+            {
                 self.flushes += 1;
                 self.end_at_dirty = 0;
                 if !self.pending_full {

@@ -948,9 +948,13 @@ impl<'a> Ctx<'a> {
         let st0 = cd.status.clone();
         // A full flush already running ends first, and counts; the target
         // keeps this request and starts ours after it: two more then.
-        let want_flushes = st0.flushes.saturating_add(
-            if st0.flush_state == FlushState::Flushing { 2 } else { 1 },
-        );
+        let want_flushes = st0
+            .flushes
+            .saturating_add(if st0.flush_state == FlushState::Flushing {
+                2
+            } else {
+                1
+            });
         let ev0 = cd.info.event_nr;
         let t0 = self.host.now();
         let bb = st0.block_bytes();

@@ -2517,7 +2517,11 @@ fn flush_wait_refuses_a_suspended_device() {
     assert_ne!(e.kind, Kind::Timeout, "{}", e.msg);
     assert!(e.msg.contains("is suspended"), "{}", e.msg);
     assert!(e.hint.as_deref().unwrap_or("").contains("dmsetup resume c"));
-    assert!(!t.log().contains(&"message c flush".to_string()), "{:?}", t.log());
+    assert!(
+        !t.log().contains(&"message c flush".to_string()),
+        "{:?}",
+        t.log()
+    );
 }
 
 /// `detach --abandon` killed once the linear table is in, before it
@@ -2534,7 +2538,10 @@ fn abandon_marks_the_cache_before_it_touches_tags_and_configuration() {
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let _ = t.ctx().abandon("slow", DetachCache::Split, true, false);
     }));
-    assert!(r.is_err(), "the fake did not kill the abandon at the unmark");
+    assert!(
+        r.is_err(),
+        "the fake did not kill the abandon at the unmark"
+    );
     t.lvm.die_on_unmark.set(false);
     assert!(matches!(
         t.ctx().classify("slow").unwrap(),
@@ -2550,9 +2557,9 @@ fn abandon_marks_the_cache_before_it_touches_tags_and_configuration() {
     t.dm.log.borrow_mut().clear();
     let _ = t.ctx().activate(true, &[], false);
     assert!(
-        !t.log()
-            .iter()
-            .any(|l| l.starts_with("load slow") && l.contains("tiercache") && !l.contains("format")),
+        !t.log().iter().any(|l| l.starts_with("load slow")
+            && l.contains("tiercache")
+            && !l.contains("format")),
         "the boot loads the abandoned cache: {:?}",
         t.log()
     );
@@ -2567,10 +2574,17 @@ fn detach_with_lvs_failing_changes_nothing() {
     attach(&t);
     t.dm.log.borrow_mut().clear();
     t.lvm.fail_all.set(true);
-    let e = t.ctx().detach("slow", DetachCache::Split, quiet()).unwrap_err();
+    let e = t
+        .ctx()
+        .detach("slow", DetachCache::Split, quiet())
+        .unwrap_err();
     t.lvm.fail_all.set(false);
     assert!(e.msg.contains("lvs"), "{}", e.msg);
-    assert!(t.log().is_empty(), "dm calls after lvs failed: {:?}", t.log());
+    assert!(
+        t.log().is_empty(),
+        "dm calls after lvs failed: {:?}",
+        t.log()
+    );
     let o = t.lvm.get("vg", "slow");
     assert!(o.has_tag(TAG_ORIGIN) && o.skip_activation);
     assert!(t.host.files.borrow()[CONF].contains("vg/slow"));
