@@ -51,10 +51,24 @@ static sector_t tc_cache_sector(struct tc_cache *c, u32 slot, sector_t sector)
 	return tc_slot_sector(c, slot) + (sector & (c->block_sectors - 1));
 }
 
-void tc_remap_cache(struct tc_cache *c, struct bio *bio, u32 slot)
+/*
+ * What the cache device may change in a bio it completes, which
+ * tc_cache_failed() may take back and send again (see tc_bio).
+ */
+static void tc_bio_record(struct tc_bio *pb, struct bio *bio)
 {
+	pb->end_io = bio->bi_end_io;
+	pb->bi_flags = bio->bi_flags;
+	pb->remaining = atomic_read(&bio->__bi_remaining);
+}
+
+/* @bio goes to @pb's slot as it is: the cache device may fail it. */
+void tc_remap_cache(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
+{
+	pb->to_cache = true;
+	tc_bio_record(pb, bio);
 	bio_set_dev(bio, c->cache_bdev);
-	bio->bi_iter.bi_sector = tc_cache_sector(c, slot,
+	bio->bi_iter.bi_sector = tc_cache_sector(c, pb->slot,
 						 bio->bi_iter.bi_sector);
 }
 
@@ -655,8 +669,7 @@ static int tc_dispatch(struct tc_cache *c, struct bio *bio, struct tc_bio *pb)
 
 	switch (act) {
 	case TC_TO_CACHE:
-		pb->to_cache = true;
-		tc_remap_cache(c, bio, pb->slot);
+		tc_remap_cache(c, bio, pb);
 		return DM_MAPIO_REMAPPED;
 	case TC_TO_ORIGIN:
 		if (bio_data_dir(bio) == WRITE && tc_around_needs_commit(c, pb)) {
@@ -858,14 +871,6 @@ static u64 tc_map_epoch(struct tc_epochs *e)
 	return tc_epoch_cur(e);
 }
 
-/* What a device below may change in a bio it completes (see tc_bio). */
-static void tc_bio_record(struct tc_bio *pb, struct bio *bio)
-{
-	pb->end_io = bio->bi_end_io;
-	pb->bi_flags = bio->bi_flags;
-	pb->remaining = atomic_read(&bio->__bi_remaining);
-}
-
 /*
  * @bio came back from a device below and will be submitted again.  If
  * that device split it, each part ended it once and its remaining count
@@ -887,7 +892,6 @@ int tc_map(struct dm_target *ti, struct bio *bio)
 	struct tc_bio *pb = dm_per_bio_data(bio, sizeof(struct tc_bio));
 	int r;
 
-	tc_bio_record(pb, bio);
 	pb->c = c;
 	pb->locked = false;
 	pb->run = NULL;

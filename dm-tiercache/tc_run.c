@@ -133,8 +133,7 @@ void tc_run_start(struct tc_cache *c, struct bio *bio, struct tc_bio *pb,
 static int tc_run_remap(struct tc_cache *c, struct bio *bio,
 			struct tc_bio *pb)
 {
-	pb->to_cache = true;
-	tc_remap_cache(c, bio, pb->slot);
+	tc_remap_cache(c, bio, pb);
 	return DM_MAPIO_REMAPPED;
 }
 

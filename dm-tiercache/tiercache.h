@@ -415,9 +415,9 @@ struct tc_bio {
 	blk_status_t cache_status;
 	struct bvec_iter iter;		/* as mapped, to send it again */
 	/*
-	 * As mapped too: a bio a device below completed (and may have split,
-	 * which leaves its remaining count at 0) is sent again only with
-	 * these restored (tc_bio_restore() in tc_map.c).
+	 * As sent to the cache device: a bio it completed (and may have
+	 * split, which leaves its remaining count at 0) is sent again only
+	 * with these restored (tc_bio_restore() in tc_map.c).
 	 */
 	bio_end_io_t *end_io;
 	unsigned long bi_flags;
@@ -511,7 +511,7 @@ bool tc_writes_dirty(struct tc_cache *c);
 bool tc_stale_clean(struct tc_cache *c, u32 slot);
 bool tc_around_waits(struct tc_cache *c, u64 epoch);
 bool tc_around_needs_commit(struct tc_cache *c, struct tc_bio *pb);
-void tc_remap_cache(struct tc_cache *c, struct bio *bio, u32 slot);
+void tc_remap_cache(struct tc_cache *c, struct bio *bio, struct tc_bio *pb);
 void tc_submit_clone(struct tc_cache *c, struct bio *bio,
 		     struct block_device *bdev, sector_t sector, blk_opf_t opf);
 
