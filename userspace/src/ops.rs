@@ -160,6 +160,15 @@ fn mark_failed_command(uuid: Option<&str>, origin_sectors: u64, dev: &str) -> St
 }
 
 /// The linear mapping of the origin of `cd`, over the same range.
+/// `e`, from a step after which `name` could not be resumed (`r`): the
+/// hint says it is left suspended.
+fn left_suspended(name: &str, e: Error, r: &Error) -> Error {
+    e.hint(format!(
+        "resuming it failed too ({}): it is left suspended, and IO to it waits; try 'dmsetup resume {name}'",
+        r.msg
+    ))
+}
+
 fn linear_of(cd: &CacheDev) -> [Target; 1] {
     [Target::new(
         cd.start,
@@ -1087,22 +1096,12 @@ impl<'a> Ctx<'a> {
     }
 
     /// Resume `name` after a step that gave up with `e`; if that fails,
-    /// `e` says the device is left suspended.
+    /// `e`'s hint says the device is left suspended.
     fn resume_after(&self, name: &str, e: Error) -> Error {
         match self.dm.resume(name) {
             Ok(()) => e,
-            Err(r) => self.left_suspended(name, e, &r),
+            Err(r) => left_suspended(name, e, &r),
         }
-    }
-
-    fn left_suspended(&self, name: &str, e: Error, r: &Error) -> Error {
-        let msg = format!(
-            "{}; and /dev/mapper/{name} is left suspended: resuming it failed ({})",
-            e.msg, r.msg
-        );
-        Error::new(e.kind, msg).hint(format!(
-            "IO to it waits until it is resumed: try 'dmsetup resume {name}'"
-        ))
     }
 
     /// Suspend `name`, check what it holds, remove it; returns the status
@@ -1138,11 +1137,11 @@ impl<'a> Ctx<'a> {
                 Ok(()) => return Ok(st),
                 Err(e) => e,
             };
-            if e.kind != Kind::Busy || attempt == ATTEMPTS {
-                return Err(self.resume_after(name, e));
-            }
             if let Err(r) = self.dm.resume(name) {
-                return Err(self.left_suspended(name, e, &r));
+                return Err(left_suspended(name, e, &r));
+            }
+            if e.kind != Kind::Busy || attempt == ATTEMPTS {
+                return Err(e);
             }
             attempt += 1;
             let info = self.dm.info(name)?.ok_or_else(|| e.clone())?;
@@ -2079,13 +2078,7 @@ impl<'a> Ctx<'a> {
             Ok(s) => (s.dirty_blocks, lost_epochs(&s)),
             Err(e) => {
                 let _ = self.dm.clear_inactive(name);
-                return Err(match self.dm.resume(name) {
-                    Ok(()) => e,
-                    Err(r) => e.hint(format!(
-                        "resuming it failed too ({}): the device may be left suspended, with its cache table; try 'dmsetup resume {name}'",
-                        r.msg
-                    )),
-                });
+                return Err(self.resume_after(name, e));
             }
         };
         let mut still_suspended = None;

@@ -340,6 +340,22 @@ fn create_save_writes_config() {
     assert!(t.dm.devs.borrow().is_empty());
 }
 
+/// A refused remove whose resume fails says the device is left suspended
+/// (before, the failed resume was dropped: only "refusing to remove").
+#[test]
+fn refused_remove_says_when_the_device_stays_suspended() {
+    let t = T::new();
+    t.cached("c", 300);
+    t.dm.fail_resumes.set(1);
+    let e = t.ctx().remove("c", true, false, quiet()).unwrap_err();
+    assert_eq!(e.kind, Kind::Dirty);
+    let hint = e.hint.unwrap_or_default();
+    assert!(
+        hint.contains("it is left suspended") && hint.contains("dmsetup resume c"),
+        "{hint}"
+    );
+}
+
 #[test]
 fn remove_refuses_dirty_without_force() {
     let t = T::new();
